@@ -1,0 +1,43 @@
+"""chute: offline batch inference, streaming, resumable, in one process or on Ray.
+
+>>> import chute
+>>> report = chute.run("data/", chute.Model("tip", "model.py:tip"), "out/")  # doctest: +SKIP
+"""
+
+from chute.api import predict, run
+from chute.errors import (
+    ChuteError,
+    ColumnNotFoundError,
+    ConfigError,
+    DataError,
+    JobStateError,
+    ModelError,
+    ResourceError,
+)
+from chute.job import BatchSize, Job, Model, Pool, Preprocess, Resources, Sink
+from chute.report import Report
+from chute.sources import DatasetSource, FileSource, TableSource
+
+__all__ = [
+    "BatchSize",
+    "ChuteError",
+    "ColumnNotFoundError",
+    "ConfigError",
+    "DataError",
+    "DatasetSource",
+    "FileSource",
+    "Job",
+    "JobStateError",
+    "Model",
+    "ModelError",
+    "Pool",
+    "Preprocess",
+    "Report",
+    "ResourceError",
+    "Resources",
+    "Sink",
+    "TableSource",
+    "predict",
+    "run",
+]
+__version__ = "0.1.0"

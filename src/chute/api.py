@@ -1,0 +1,62 @@
+"""The one-call facades over :class:`~chute.job.Job`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from chute.job import EngineName, Job, Model, Sink
+from chute.report import Report
+from chute.sources import as_source
+
+
+def _models(model: Model | Sequence[Model] | Any) -> tuple[Model, ...]:
+    if isinstance(model, Model):
+        return (model,)
+    if isinstance(model, (list, tuple)) and all(isinstance(m, Model) for m in model):
+        return tuple(model)
+    return (Model("prediction", model),)
+
+
+def predict(
+    data: Any,
+    model: Model | Sequence[Model] | Any,
+    *,
+    carryover: Sequence[str] | str = "*",
+    engine: EngineName = "auto",
+) -> pd.DataFrame:
+    """Run one or more models over in-memory data or files and return a DataFrame.
+
+    ``model`` is a :class:`Model`, a list of them, or a bare function / class (named
+    ``prediction``). Every input column is carried through unless ``carryover`` says
+    otherwise; rows come back in input order.
+
+    >>> chute.predict(df, lambda b: {"y": b["x"]})  # doctest: +SKIP
+    """
+    carry = (carryover,) if isinstance(carryover, str) else tuple(carryover)
+    job = Job(source=as_source(data), models=_models(model), carryover=carry, engine=engine)
+    report = job.run()
+    assert report.result is not None
+    return report.result.to_pandas()
+
+
+def run(
+    data: Any,
+    model: Model | Sequence[Model] | Any,
+    output: str,
+    *,
+    carryover: Sequence[str] = (),
+    format: str = "parquet",
+    engine: EngineName = "auto",
+    progress: bool = False,
+    overwrite: bool = False,
+) -> Report:
+    """Run models over ``data`` and write the results under ``output``; return the report."""
+    job = Job(
+        source=as_source(data), models=_models(model), carryover=tuple(carryover),
+        output=Sink(output, format),  # type: ignore[arg-type]
+        engine=engine,
+    )
+    return job.run(progress=progress, overwrite=overwrite)

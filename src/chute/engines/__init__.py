@@ -1,0 +1,1 @@
+"""Engines move batches between stages; the stage logic lives in :mod:`chute.stages`."""

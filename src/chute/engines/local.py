@@ -1,0 +1,260 @@
+"""The embedded local engine: the whole job in one process.
+
+A streaming pipeline of threads joined by bounded channels::
+
+    readers ──► [preprocess] ──► model 1 replicas ──► … ──► model N replicas ──► writers
+                                                                                   │
+    driver thread ◄──────────────────── part records ◄────────────────────────────┘
+
+Arrow, NumPy, PyTorch and ONNX Runtime release the GIL, so reading, inference and
+writing overlap on every core. Each replica thread loads its model once. Channels are
+bounded, so memory stays flat however large the input is.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+import pyarrow as pa
+
+from chute.plan import Plan, StagePlan
+from chute.report import StageStats
+from chute.sinks import PartRecord, PartWriter
+from chute.sources import Unit
+from chute.stages import ModelStage, PreprocessStage
+
+CHANNEL_BATCHES = 4
+"""Batches a channel holds before its producers wait."""
+
+
+class Stopped(Exception):
+    """Raised inside a worker thread when the pipeline is shutting down."""
+
+
+class Channel:
+    """A bounded multi-producer, multi-consumer queue that knows when it is finished."""
+
+    def __init__(self, capacity: int, producers: int, stop: threading.Event) -> None:
+        self._items: deque[pa.Table] = deque()
+        self._cond = threading.Condition()
+        self._capacity = capacity
+        self._open = producers
+        self._stop = stop
+
+    def put(self, item: pa.Table) -> None:
+        with self._cond:
+            while len(self._items) >= self._capacity:
+                self._wait()
+            self._items.append(item)
+            self._cond.notify_all()
+
+    def get(self) -> pa.Table | None:
+        """The next item, or ``None`` once every producer has closed and it is empty."""
+        with self._cond:
+            while not self._items and self._open > 0:
+                self._wait()
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+    def close(self) -> None:
+        """One producer is finished."""
+        with self._cond:
+            self._open -= 1
+            self._cond.notify_all()
+
+    def _wait(self) -> None:
+        if self._stop.is_set():
+            raise Stopped
+        self._cond.wait(0.1)
+
+
+class Rebatcher:
+    """Cuts a channel's tables into batches of exactly ``rows`` rows (the last may be short)."""
+
+    def __init__(self, source: Channel, rows: int) -> None:
+        self._source = source
+        self._rows = rows
+        self._buffer: list[pa.Table] = []
+        self._buffered = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> pa.Table | None:
+        with self._lock:
+            while self._buffered < self._rows:
+                item = self._source.get()
+                if item is None:
+                    break
+                self._buffer.append(item)
+                self._buffered += item.num_rows
+            if not self._buffered:
+                return None
+            table = _concat(self._buffer)
+            batch, rest = table.slice(0, self._rows), table.slice(self._rows)
+            self._buffer = [rest] if rest.num_rows else []
+            self._buffered = rest.num_rows
+            return batch
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+class LocalEngine:
+    """Runs a plan on threads in this process."""
+
+    def __init__(self, readers: int | None = None, writers: int = 2) -> None:
+        self.readers = readers or min(4, os.cpu_count() or 2)
+        self.writers = writers
+
+    def execute(
+        self, plan: Plan, commit: Callable[[list[PartRecord]], None]
+    ) -> dict[str, StageStats]:
+        run = _Run(plan, self.readers, self.writers)
+        return run.drive(commit)
+
+
+class _Run:
+    """One execution: the threads, their channels and the first error any of them hit."""
+
+    def __init__(self, plan: Plan, readers: int, writers: int) -> None:
+        self.plan = plan
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.records: queue.Queue[list[PartRecord]] = queue.Queue()
+        self.threads: list[threading.Thread] = []
+        self.stats: dict[str, StageStats] = {}
+        self._stats_lock = threading.Lock()
+        self._units: Iterator[Unit] = iter(plan.pending)
+        self._units_lock = threading.Lock()
+        readers = max(1, min(readers, len(plan.pending)))
+        channel = self._channel(readers)
+        self._spawn("read", readers, partial(self._read, channel))
+        channel = self._preprocess(channel)
+        for stage in plan.stages:
+            channel = self._model(stage, channel)
+        self._spawn("write", writers, partial(self._write, channel))
+
+    def _channel(self, producers: int) -> Channel:
+        return Channel(CHANNEL_BATCHES, producers, self.stop)
+
+    def _spawn(self, name: str, count: int, body: Callable[[], None]) -> None:
+        self.stats.setdefault(name, StageStats())
+        for i in range(count):
+            thread = threading.Thread(
+                target=self._guard, args=(body,), name=f"chute-{name}-{i}", daemon=True
+            )
+            self.threads.append(thread)
+
+    def _guard(self, body: Callable[[], None]) -> None:
+        try:
+            body()
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver thread
+            self.errors.append(exc)
+            self.stop.set()
+
+    def _record(self, name: str, seconds: float, rows: int) -> None:
+        with self._stats_lock:
+            self.stats[name].add(seconds, rows)
+
+    def _next_unit(self) -> Unit | None:
+        with self._units_lock:
+            return next(self._units, None)
+
+    def _read(self, out: Channel) -> None:
+        reader = self.plan.reader
+        try:
+            while (unit := self._next_unit()) is not None:
+                began = time.perf_counter()
+                for batch in reader(unit):
+                    self._record("read", time.perf_counter() - began, batch.num_rows)
+                    out.put(batch)
+                    began = time.perf_counter()
+        finally:
+            out.close()
+
+    def _preprocess(self, channel: Channel) -> Channel:
+        spec = self.plan.job.preprocess
+        if spec is None:
+            return channel
+        stage = PreprocessStage(spec, _inputs(spec.inputs, self.plan), self.plan.carryover)
+        workers = max(1, int(spec.cpus))
+        out = self._channel(workers)
+        self._spawn("preprocess", workers, partial(self._map, stage, "preprocess", channel, out))
+        return out
+
+    def _model(self, stage: StagePlan, channel: Channel) -> Channel:
+        pool = stage.model.pool
+        replicas = pool.max if pool.max is not None else pool.min
+        out = self._channel(replicas)
+        batches = Rebatcher(channel, stage.batch_rows)
+        self._spawn(stage.model.name, replicas, partial(self._replica, stage, batches, out))
+        return out
+
+    def _replica(self, stage: StagePlan, batches: Rebatcher, out: Channel) -> None:
+        try:
+            model = ModelStage(stage.model, stage.inputs)
+            while (batch := batches.take()) is not None:
+                began = time.perf_counter()
+                result = model(batch)
+                self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
+                out.put(result)
+        finally:
+            out.close()
+
+    def _map(
+        self, fn: Callable[[pa.Table], pa.Table], name: str, source: Channel, out: Channel
+    ) -> None:
+        try:
+            while (batch := source.get()) is not None:
+                began = time.perf_counter()
+                result = fn(batch)
+                self._record(name, time.perf_counter() - began, batch.num_rows)
+                out.put(result)
+        finally:
+            out.close()
+
+    def _write(self, source: Channel) -> None:
+        writer = PartWriter(self.plan.output)
+        while (batch := source.get()) is not None:
+            self.records.put(writer.write(batch))
+
+    def drive(self, commit: Callable[[list[PartRecord]], None]) -> dict[str, StageStats]:
+        """Start the threads and commit records on this (the driver) thread until done."""
+        for thread in self.threads:
+            thread.start()
+        try:
+            while any(t.is_alive() for t in self.threads) or not self.records.empty():
+                self._raise_first_error()
+                try:
+                    commit(self.records.get(timeout=0.05))
+                except queue.Empty:
+                    continue
+            self._raise_first_error()
+        finally:
+            self.stop.set()
+            for thread in self.threads:
+                thread.join(timeout=5)
+        self.stats.pop("write", None)
+        return self.stats
+
+    def _raise_first_error(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
+
+def _inputs(inputs: Sequence[str] | None, plan: Plan) -> list[str]:
+    if inputs is not None:
+        return list(inputs)
+    return list(plan.read_columns or plan.source.schema().names)

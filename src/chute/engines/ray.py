@@ -1,0 +1,280 @@
+"""The ray engine: Ray Data streaming execution.
+
+::
+
+    read tasks (one per unit) ─► [preprocess, fused into the read tasks]
+        ─► model 1 actor pool ─► … ─► model N actor pool, which also writes its parts
+        ─► the driver iterates over part records only
+
+The units come from chute's own plan through a custom datasource, so Ray Data lists no
+files itself. Each model's function or class and its constructor arguments are put in
+the object store once and fetched by reference in each actor's constructor. Resources
+are planned by :mod:`chute.engines.resources` so that reads can never starve.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from chute.engines.resources import Cluster, StageResources, plan_resources
+from chute.errors import ChuteError
+from chute.job import Model, Preprocess
+from chute.plan import Output, Plan, Reader, StagePlan
+from chute.report import StageStats
+from chute.sinks import PartRecord, PartWriter, records_from_table, records_to_table
+from chute.sources import TableSource, Unit
+from chute.stages import ModelStage, PreprocessStage
+
+log = logging.getLogger("chute")
+
+
+def init_ray(address: str | None, verbose: bool) -> None:
+    """Connect to ``address`` (or ``RAY_ADDRESS``), or start a quiet local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not verbose:
+        # Ray Data hands every actor pool its transformer by reference, and Ray's core
+        # worker logs an error line about it for each pool (ray#53727): noise for a user.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    ray.init(
+        address=address,
+        include_dashboard=False if address is None else None,
+        log_to_driver=verbose,
+        logging_level=logging.INFO if verbose else logging.ERROR,
+        configure_logging=True,
+    )
+
+
+def cluster() -> Cluster:
+    import ray
+
+    return Cluster.from_ray(ray.cluster_resources())
+
+
+class UnitDatasource:
+    """A Ray Data datasource with one read task per pending unit."""
+
+    def __new__(cls, reader: Reader, units: list[Unit]) -> Any:
+        from ray.data import Datasource, ReadTask
+        from ray.data.block import BlockMetadata
+
+        class _Units(Datasource):  # type: ignore[misc]
+            def get_name(self) -> str:
+                return "ChuteUnits"
+
+            def estimate_inmemory_data_size(self) -> int | None:
+                sizes = [u.nbytes for u in units]
+                return None if None in sizes else sum(s or 0 for s in sizes)
+
+            def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
+                return [
+                    ReadTask(_read_fn(reader, unit),
+                             BlockMetadata(unit.rows, unit.nbytes, None, None))
+                    for unit in units
+                ]
+
+        return _Units()
+
+
+def _read_fn(reader: Reader, unit: Unit) -> Callable[[], Iterator[pa.Table]]:
+    def read() -> Iterator[pa.Table]:
+        yield from reader(unit)
+
+    return read
+
+
+@contextmanager
+def quiet_data(verbose: bool) -> Iterator[None]:
+    """Ray Data's own progress bars and execution logs, only with ``verbose``."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    saved = (ctx.enable_progress_bars, ctx.print_on_execution_start)
+    ctx.enable_progress_bars = verbose
+    ctx.print_on_execution_start = verbose
+    data_log = logging.getLogger("ray.data")
+    level = data_log.level
+    if not verbose:
+        data_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        data_log.setLevel(level)
+
+
+class _Stats:
+    """A zero-CPU actor that sums stage busy time reported by actors and tasks."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, StageStats] = {}
+
+    def add(self, name: str, seconds: float, rows: int) -> None:
+        self.stats.setdefault(name, StageStats()).add(seconds, rows)
+
+    def get(self) -> dict[str, StageStats]:
+        return self.stats
+
+
+class _PreprocessTask:
+    """Preprocess as a stateless task function (Ray fuses it into the read tasks)."""
+
+    def __init__(self, spec: Preprocess, inputs: list[str], carryover: list[str], stats: Any):
+        self.spec, self.inputs, self.carryover, self.stats = spec, inputs, carryover, stats
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        stage = PreprocessStage(self.spec, self.inputs, self.carryover)
+        out = stage(table)
+        self.stats.add.remote("preprocess", stage.clock.busy, table.num_rows)
+        return out
+
+
+class _ModelActor:
+    """One replica of a model stage in a Ray actor; the last stage also writes."""
+
+    def __init__(
+        self, model: Model, inputs: list[str], target: Any, ctor: Any, output: Output | None,
+        stats: Any,
+    ) -> None:
+        import ray
+
+        self.stage = ModelStage(
+            model, inputs, target=ray.get(target) if target is not None else None,
+            ctor=ray.get(ctor) if ctor is not None else None,
+        )
+        self.writer = PartWriter(output) if output is not None else None
+        self.stats = stats
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        out = self.stage(table)
+        self.stats.add.remote(self.stage.name, self.stage.clock.busy, table.num_rows)
+        self.stage.clock.busy = 0.0
+        if self.writer is None:
+            return out
+        return records_to_table(self.writer.write(out))
+
+
+class RayEngine:
+    """Runs a plan with Ray Data on a local Ray or on the cluster at ``address``."""
+
+    def __init__(self, address: str | None = None, verbose: bool = False) -> None:
+        self.address = address
+        self.verbose = verbose
+
+    def resources(self, plan: Plan) -> list[StageResources]:
+        init_ray(self.address, self.verbose)
+        return plan_resources([s.model for s in plan.stages], cluster())
+
+    def execute(
+        self, plan: Plan, commit: Callable[[list[PartRecord]], None]
+    ) -> dict[str, StageStats]:
+        import ray
+
+        resources = self.resources(plan)
+        stats = ray.remote(num_cpus=0)(_Stats).remote()
+        with quiet_data(self.verbose):
+            dataset = self._dataset(plan, resources, stats)
+            try:
+                for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    commit(records_from_table(batch))
+            except ray.exceptions.RayTaskError as exc:
+                raise _unwrap(exc) from exc
+        result: dict[str, StageStats] = ray.get(stats.get.remote())
+        ray.kill(stats)
+        return result
+
+    def _dataset(self, plan: Plan, resources: list[StageResources], stats: Any) -> Any:
+        import ray
+
+        reader, units = plan.reader, plan.pending
+        if isinstance(plan.source, TableSource):
+            reader, units = _in_object_store(reader, units)
+        dataset = ray.data.read_datasource(
+            UnitDatasource(reader, units), override_num_blocks=len(units)
+        )
+        spec = plan.job.preprocess
+        if spec is not None:
+            inputs = list(spec.inputs or plan.read_columns or plan.source.schema().names)
+            dataset = dataset.map_batches(
+                _PreprocessTask(spec, inputs, plan.carryover, stats), batch_size=None,
+                batch_format="pyarrow", num_cpus=min(spec.cpus, 1.0), zero_copy_batch=True,
+            )
+        for i, (stage, res) in enumerate(zip(plan.stages, resources, strict=True)):
+            last = i == len(plan.stages) - 1
+            dataset = self._model_stage(dataset, stage, res, plan.output if last else None, stats)
+        return dataset
+
+    def _model_stage(
+        self, dataset: Any, stage: StagePlan, res: StageResources, output: Output | None,
+        stats: Any,
+    ) -> Any:
+        import ray
+
+        model = stage.model
+        target = None if isinstance(model.fn, str) else ray.put(model.fn)
+        ctor = ray.put((model.args, dict(model.kwargs))) if model.args or model.kwargs else None
+        stub = replace(model, fn=model.fn if isinstance(model.fn, str) else "<object store>",
+                       args=(), kwargs={})
+        remote_args: dict[str, Any] = {"num_cpus": res.cpus}
+        if res.gpus:
+            remote_args["num_gpus"] = res.gpus
+        if res.memory:
+            remote_args["memory"] = res.memory
+        return dataset.map_batches(
+            _ModelActor,
+            fn_constructor_kwargs={"model": stub, "inputs": list(stage.inputs), "target": target,
+                                   "ctor": ctor, "output": output, "stats": stats},
+            batch_size=stage.batch_rows, batch_format="pyarrow", zero_copy_batch=True,
+            compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
+            **remote_args,
+        )
+
+
+class ObjectStoreSource:
+    """Units already in the object store: in-memory data is put there once, by the driver."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._schema = schema
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def plan(self) -> list[Unit]:
+        raise NotImplementedError("units are planned by the source they were taken from")
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        import ray
+
+        table: pa.Table = ray.get(unit.ref)
+        return table if columns is None else table.select(list(columns))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "object-store"}
+
+
+def _in_object_store(reader: Reader, units: list[Unit]) -> tuple[Reader, list[Unit]]:
+    import ray
+
+    stored = [replace(u, ref=ray.put(reader.source.read(u, reader.columns))) for u in units]
+    return Reader(ObjectStoreSource(reader.source.schema()), None), stored
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The chute error a Ray task raised, if it was one; else a ChuteError that says so."""
+    cause = getattr(exc, "cause", None)
+    while cause is not None and not isinstance(cause, ChuteError):
+        cause = getattr(cause, "__cause__", None) or getattr(cause, "cause", None)
+    if isinstance(cause, ChuteError):
+        return cause
+    return ChuteError(f"a Ray task failed: {exc}")
+

@@ -1,0 +1,133 @@
+"""Resource planning for the ray engine, as plain functions (tested without Ray).
+
+Ray Data's read and preprocess tasks need CPUs while model actors hold theirs for the
+whole job. If the actor pools take every CPU, reads starve and the job hangs (Ray issue
+44687). So chute always keeps a reserve for tasks and fits every pool, at its largest,
+into what is left:
+
+* ``reserve`` = 1 CPU (half the cluster when it has fewer than 2);
+* a pool with no ``max`` gets an equal share of the rest;
+* when pools would not fit, stages whose CPUs were not given are scaled to fractional
+  CPUs (a scheduling token in Ray: the model still uses its threads); stages whose CPUs
+  were given explicitly and still do not fit are refused with a ResourceError.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from chute.errors import ResourceError
+from chute.job import Model
+
+DEFAULT_ACTOR_CPUS = 1.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the cluster offers."""
+
+    cpus: float
+    gpus: float = 0.0
+    memory: float | None = None
+
+    @classmethod
+    def from_ray(cls, resources: dict[str, Any]) -> Cluster:
+        return cls(
+            cpus=float(resources.get("CPU", 0.0)),
+            gpus=float(resources.get("GPU", 0.0)),
+            memory=resources.get("memory"),
+        )
+
+    @property
+    def reserve(self) -> float:
+        """CPUs kept for read and preprocess tasks."""
+        return 1.0 if self.cpus >= 2 else self.cpus / 2
+
+
+@dataclass(frozen=True)
+class StageResources:
+    """What one model stage gets on Ray."""
+
+    name: str
+    cpus: float
+    gpus: float
+    memory: int | None
+    min: int
+    max: int
+    note: str = ""
+
+
+def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources]:
+    """Fit every model's actor pool into the cluster, keeping the task reserve free."""
+    _check_gpus(models, cluster)
+    _check_memory(models, cluster)
+    budget = cluster.cpus - cluster.reserve
+    cpus = [m.resources.cpus or DEFAULT_ACTOR_CPUS for m in models]
+    sizes = [_max_size(m, c, budget / len(models), cluster) for m, c in zip(models, cpus, strict=True)]
+    needed = sum(c * n for c, n in zip(cpus, sizes, strict=True))
+    notes = [""] * len(models)
+    if needed > budget + 1e-9:
+        cpus, notes = _scale(models, cpus, sizes, budget)
+    return [
+        StageResources(m.name, round(c, 4), m.resources.gpus, m.resources.memory,
+                       m.pool.min, n, note)
+        for m, c, n, note in zip(models, cpus, sizes, notes, strict=True)
+    ]
+
+
+def _max_size(model: Model, cpus: float, share: float, cluster: Cluster) -> int:
+    if model.pool.max is not None:
+        size = model.pool.max
+    else:
+        size = max(model.pool.min, math.floor(share / cpus + 1e-9))
+    if model.resources.gpus > 0:
+        size = min(size, max(model.pool.min, math.floor(cluster.gpus / model.resources.gpus)))
+    return size
+
+
+def _scale(
+    models: list[Model], cpus: list[float], sizes: list[int], budget: float
+) -> tuple[list[float], list[str]]:
+    fixed = sum(
+        c * n for m, c, n in zip(models, cpus, sizes, strict=True) if m.resources.cpus is not None
+    )
+    flexible = sum(
+        c * n for m, c, n in zip(models, cpus, sizes, strict=True) if m.resources.cpus is None
+    )
+    if fixed > budget + 1e-9 or (flexible and fixed >= budget):
+        raise ResourceError(
+            f"the model pools need {fixed + flexible:g} CPUs at their largest, but only "
+            f"{budget:g} can go to model actors: chute keeps the rest for reading, or the "
+            "read tasks would starve and the job hang (Ray issue 44687). Lower the pool "
+            "sizes or the cpus per model, or use a bigger cluster."
+        )
+    factor = (budget - fixed) / flexible
+    scaled = [c if m.resources.cpus is not None else c * factor
+              for m, c in zip(models, cpus, strict=True)]
+    notes = ["" if m.resources.cpus is not None else
+             f"cpus scaled to {c:.3g} so that reads keep a CPU"
+             for m, c in zip(models, scaled, strict=True)]
+    return scaled, notes
+
+
+def _check_gpus(models: list[Model], cluster: Cluster) -> None:
+    for model in models:
+        wanted = model.resources.gpus * model.pool.min
+        if wanted > cluster.gpus + 1e-9:
+            raise ResourceError(
+                f"model {model.name!r} asks for {wanted:g} GPU(s) ({model.resources.gpus:g} "
+                f"per replica × {model.pool.min}) but the cluster has {cluster.gpus:g}. "
+                "Run on a cluster with GPUs, or set gpus: 0 to run on CPUs."
+            )
+
+
+def _check_memory(models: list[Model], cluster: Cluster) -> None:
+    for model in models:
+        memory = model.resources.memory
+        if memory and cluster.memory and memory * model.pool.min > cluster.memory:
+            raise ResourceError(
+                f"model {model.name!r} asks for {memory * model.pool.min / 2**30:.1f} GiB "
+                f"of memory but the cluster has {cluster.memory / 2**30:.1f} GiB."
+            )

@@ -1,0 +1,77 @@
+"""chute's exceptions: one root, a small tree, an exit code each.
+
+    ChuteError                   exit 1
+    ├── ConfigError              exit 2   the job or its YAML is wrong; nothing ran
+    │   └── ColumnNotFoundError  exit 2   a named column is not in the data
+    ├── DataError                exit 3   the input cannot be read or is empty
+    ├── ModelError               exit 4   a model failed to load or to predict
+    ├── JobStateError            exit 5   the output location holds something else
+    └── ResourceError            exit 6   the cluster cannot give what the job asks for
+
+Errors from Ray, Arrow and the frameworks are translated where they cross into chute,
+with ``raise ... from exc`` so the original traceback is kept.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ChuteError(Exception):
+    """Root of every error chute raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(ChuteError):
+    """The job description is invalid: fix the job, nothing has run."""
+
+    exit_code = 2
+
+
+class ColumnNotFoundError(ConfigError):
+    """A column named by the job does not exist in the data."""
+
+
+class DataError(ChuteError):
+    """The input data is missing, empty, unreadable or inconsistent."""
+
+    exit_code = 3
+
+
+class ModelError(ChuteError):
+    """A model could not be loaded, or raised while predicting."""
+
+    exit_code = 4
+
+
+class JobStateError(ChuteError):
+    """The output location holds results that do not belong to this job."""
+
+    exit_code = 5
+
+
+class ResourceError(ChuteError):
+    """The job asks for resources (GPUs, CPUs, memory) the engine cannot provide."""
+
+    exit_code = 6
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """Return ``" Did you mean 'x'?"`` for the closest choice, or ``""``."""
+    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {matches[0]!r}?" if matches else ""
+
+
+def missing_columns_error(
+    missing: Iterable[str], available: Iterable[str], where: str
+) -> ColumnNotFoundError:
+    """Build the error for columns named by ``where`` that the data lacks."""
+    available = list(available)
+    missing = list(missing)
+    hints = "".join(did_you_mean(m, available) for m in missing)
+    return ColumnNotFoundError(
+        f"{where}: column(s) {', '.join(repr(m) for m in missing)} not found in the data."
+        f"{hints} Available columns: {', '.join(available)}."
+    )

@@ -1,0 +1,311 @@
+"""The job: what to read, which models to run, what to carry and where to write.
+
+Every piece is a small frozen value validated when it is built, so a bad job fails
+before anything is read. ``Job.run()`` hands the job to an engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from chute.errors import ConfigError
+
+if TYPE_CHECKING:
+    from chute.report import Report
+    from chute.sources import Source
+
+BatchFormat = Literal["pyarrow", "pandas", "numpy"]
+BATCH_FORMATS: tuple[str, ...] = ("pyarrow", "pandas", "numpy")
+OutputFormat = Literal["parquet", "csv", "jsonl"]
+OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "csv", "jsonl")
+EngineName = Literal["auto", "local", "ray"]
+ENGINES: tuple[str, ...] = ("auto", "local", "ray")
+
+DEFAULT_BATCH_ROWS = 16_384
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+def parse_bytes(value: str | int) -> int:
+    """Parse ``"64MiB"``, ``"1.5GB"`` or an int into a number of bytes.
+
+    >>> parse_bytes("2KiB")
+    2048
+    """
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    if not match:
+        raise ConfigError(f"cannot read {value!r} as a size: write it like '64MiB' or '1GB'.")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one replica of a stage needs.
+
+    >>> Resources(gpus=0.5)
+    Resources(cpus=None, gpus=0.5, memory=None)
+    """
+
+    cpus: float | None = None
+    """CPUs per replica; ``None`` lets the engine plan it (never more than the machine has)."""
+    gpus: float = 0.0
+    """GPUs per replica; fractions let several replicas share one GPU."""
+    memory: int | None = None
+    """Bytes of memory reserved per replica, so concurrency is bounded by memory."""
+
+    def __post_init__(self) -> None:
+        if self.cpus is not None and self.cpus <= 0:
+            raise ConfigError(f"cpus must be > 0, got {self.cpus}.")
+        if self.gpus < 0:
+            raise ConfigError(f"gpus must be >= 0, got {self.gpus}.")
+        if self.memory is not None and self.memory <= 0:
+            raise ConfigError(f"memory must be > 0 bytes, got {self.memory}.")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """How many replicas of a model run: a fixed size or an autoscaling range.
+
+    >>> Pool.fixed(2)
+    Pool(min=2, max=2)
+    """
+
+    min: int = 1
+    """Replicas started at once."""
+    max: int | None = None
+    """Most replicas; ``None`` lets the engine scale as far as resources allow."""
+
+    def __post_init__(self) -> None:
+        if self.min < 1:
+            raise ConfigError(f"pool min must be >= 1, got {self.min}.")
+        if self.max is not None and self.max < self.min:
+            raise ConfigError(f"pool max ({self.max}) must be >= pool min ({self.min}).")
+
+    @classmethod
+    def fixed(cls, size: int) -> Pool:
+        """A pool of exactly ``size`` replicas."""
+        return cls(min=size, max=size)
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """A batch size in rows, or in bytes of the model's input columns.
+
+    >>> BatchSize.parse("8MiB")
+    BatchSize(rows=None, bytes=8388608)
+    """
+
+    rows: int | None = DEFAULT_BATCH_ROWS
+    bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.rows is None) == (self.bytes is None):
+            raise ConfigError("give a batch size in rows or in bytes, not both or neither.")
+        size = self.rows if self.rows is not None else self.bytes
+        if size is not None and size <= 0:
+            raise ConfigError(f"batch size must be > 0, got {size}.")
+
+    @classmethod
+    def parse(cls, value: int | str | BatchSize) -> BatchSize:
+        """Rows from an int, bytes from a size string like ``"64MiB"``."""
+        if isinstance(value, BatchSize):
+            return value
+        if isinstance(value, bool):
+            raise ConfigError(f"batch size must be rows (an int) or a size string, got {value}.")
+        if isinstance(value, int):
+            return cls(rows=value)
+        if value.strip().isdigit():
+            return cls(rows=int(value))
+        return cls(rows=None, bytes=parse_bytes(value))
+
+    def rows_for(self, bytes_per_row: float) -> int:
+        """The batch size in rows, given the average input bytes per row."""
+        if self.rows is not None:
+            return self.rows
+        assert self.bytes is not None
+        return max(1, int(self.bytes // max(bytes_per_row, 1.0)))
+
+
+UserFn = Callable[..., Any] | type | str
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model stage: replicas load it once, then map batches to output columns.
+
+    ``fn`` is a function ``batch -> outputs``, a class whose constructor loads the model
+    (called once per replica with ``args``/``kwargs``) and whose ``__call__`` maps a batch,
+    an object with ``__call__`` (shared once, by reference, on Ray), or an import string
+    ``"package.module:attr"`` / ``"path/to/file.py:attr"``.
+
+    Outputs are a dict of columns, a DataFrame, an Arrow table, or one array. They are
+    appended as ``<name>_<column>`` (a single array becomes ``<name>``).
+
+    >>> Model("tip", lambda b: {"score": b["passenger_count"]}, inputs=["passenger_count"])
+    ... # doctest: +ELLIPSIS
+    Model(name='tip', ...)
+    """
+
+    name: str
+    fn: UserFn
+    inputs: tuple[str, ...] | None = None
+    """Columns the model sees; ``None`` means every column read that is not carryover-only."""
+    batch_format: BatchFormat = "pyarrow"
+    batch_size: BatchSize = field(default_factory=BatchSize)
+    resources: Resources = field(default_factory=Resources)
+    pool: Pool = field(default_factory=Pool)
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(
+                f"model name {self.name!r} must be an identifier (letters, digits, '_'): "
+                "it prefixes the output columns."
+            )
+        if self.batch_format not in BATCH_FORMATS:
+            raise ConfigError(
+                f"model {self.name!r}: batch_format {self.batch_format!r} is not one of "
+                f"{', '.join(BATCH_FORMATS)}."
+            )
+        if self.inputs is not None:
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "batch_size", BatchSize.parse(self.batch_size))
+        object.__setattr__(self, "args", tuple(self.args))
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """A CPU function run on each batch before the models; its columns are added.
+
+    Returned columns with a new name are appended; a returned column that has the name
+    of an input column replaces it (carryover columns can never be replaced).
+    """
+
+    fn: Callable[..., Any] | str
+    inputs: tuple[str, ...] | None = None
+    batch_format: BatchFormat = "pyarrow"
+    cpus: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.inputs is not None:
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.batch_format not in BATCH_FORMATS:
+            raise ConfigError(f"preprocess batch_format {self.batch_format!r} is not valid.")
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where and how results are written: part files under ``path``."""
+
+    path: str
+    format: OutputFormat = "parquet"
+
+    def __post_init__(self) -> None:
+        if self.format not in OUTPUT_FORMATS:
+            raise ConfigError(
+                f"output format {self.format!r} is not one of {', '.join(OUTPUT_FORMATS)}."
+            )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A batch-inference job. Build it, then ``run()`` it.
+
+    >>> job = Job(source=..., models=[Model("m", fn)], output=Sink("out/"))  # doctest: +SKIP
+    >>> report = job.run()  # doctest: +SKIP
+    """
+
+    source: Source
+    models: tuple[Model, ...]
+    output: Sink | None = None
+    """``None`` keeps the result in memory (``predict``); otherwise part files are written."""
+    carryover: tuple[str, ...] = ()
+    """Columns copied untouched into the output; ``("*",)`` means every input column."""
+    preprocess: Preprocess | None = None
+    engine: EngineName = "auto"
+    address: str | None = None
+    """A Ray cluster address; implies the ray engine."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "carryover", tuple(self.carryover))
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}.")
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"model names must be unique; repeated: {', '.join(dupes)}.")
+
+    def run(
+        self,
+        *,
+        progress: bool = False,
+        overwrite: bool = False,
+        verbose: bool = False,
+        limit: int | None = None,
+    ) -> Report:
+        """Run the job to completion and return its report."""
+        from chute.runner import run_job
+
+        return run_job(
+            self, progress=progress, overwrite=overwrite, verbose=verbose, limit=limit
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """What determines the output, as plain data (kept in the ledger)."""
+        return {
+            "source": self.source.describe(),
+            "models": [_describe_model(m) for m in self.models],
+            "carryover": list(self.carryover),
+            "preprocess": _fn_name(self.preprocess.fn) if self.preprocess else None,
+            "format": self.output.format if self.output else None,
+        }
+
+    def fingerprint(self) -> str:
+        """A stable hash of :meth:`describe`: a changed job gets another one."""
+        blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _fn_name(fn: Any) -> str:
+    if isinstance(fn, str):
+        return fn
+    target = fn if isinstance(fn, type) or callable(fn) and hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+
+
+def _describe_model(model: Model) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "fn": _fn_name(model.fn),
+        "inputs": list(model.inputs) if model.inputs is not None else None,
+        "batch_format": model.batch_format,
+        "args": [_short_repr(a) for a in model.args],
+        "kwargs": {k: _short_repr(v) for k, v in sorted(model.kwargs.items())},
+    }
+
+
+def _short_repr(value: Any) -> str:
+    """A cheap description of a constructor argument: big payloads are not hashed."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}"
+    text = repr(value)
+    return text if len(text) <= 200 else f"{type(value).__name__}@{len(text)}"
+
+
+def normalize_names(values: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    """Accept one column name or several."""
+    if values is None:
+        return None
+    return (values,) if isinstance(values, str) else tuple(values)

@@ -1,0 +1,203 @@
+"""From a job to a plan: units, columns to read, stages and their batch sizes.
+
+Planning reads metadata only (Parquet footers, a directory listing) — except when a
+batch size is given in bytes, where a few rows of the first unit are read to learn the
+row width. Every column the job names is checked here, before any compute.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import pyarrow as pa
+
+from chute.errors import ConfigError, DataError
+from chute.job import BatchFormat, Job, Model, Sink
+from chute.sources import READ_BATCH_ROWS, DatasetSource, Source, Unit, check_columns
+from chute.stages import KEY, tag
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One model stage as the engines will run it."""
+
+    model: Model
+    inputs: tuple[str, ...]
+    batch_rows: int
+    batch_format: BatchFormat
+
+
+@dataclass
+class Plan:
+    """Everything an engine needs to run a job."""
+
+    job: Job
+    units: list[Unit]
+    read_columns: list[str] | None
+    carryover: list[str]
+    stages: list[StagePlan]
+    engine: Literal["local", "ray"]
+    engine_reason: str
+    pending: list[Unit] = field(default_factory=list)
+
+    @property
+    def source(self) -> Source:
+        return self.job.source
+
+    @property
+    def total_rows(self) -> int | None:
+        counts = [u.rows for u in self.units]
+        return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
+    @property
+    def pending_rows(self) -> int | None:
+        counts = [u.rows for u in self.pending]
+        return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
+    @property
+    def output(self) -> Output:
+        return Output(self.job.output, tuple(self.carryover), tuple(m.name for m in self.job.models))
+
+    @property
+    def reader(self) -> Reader:
+        return Reader(self.source, self.read_columns)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Reads units into tagged batches; small and picklable, shipped to read tasks."""
+
+    source: Source
+    columns: list[str] | None
+
+    def __call__(self, unit: Unit) -> Iterator[pa.Table]:
+        table = self.source.read(unit, self.columns)
+        if unit.rows is not None and table.num_rows > unit.rows:
+            table = table.slice(0, unit.rows)  # a --limit cut this unit short
+        total = table.num_rows
+        for start in range(0, total, READ_BATCH_ROWS):
+            yield tag(table.slice(start, READ_BATCH_ROWS), unit.index, start, total)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Which columns are written, and where; small and picklable, shipped to writers."""
+
+    sink: Sink | None
+    carryover: tuple[str, ...]
+    models: tuple[str, ...]
+
+    def columns(self, available: Sequence[str]) -> list[str]:
+        """Carryover columns, then each model's outputs in model order."""
+        produced: list[str] = []
+        for name in self.models:
+            produced += [
+                c for c in available
+                if (c == name or c.startswith(name + "_")) and c not in self.carryover
+                and c not in produced and c != KEY
+            ]
+        return [*self.carryover, *produced]
+
+
+def choose_engine(job: Job) -> tuple[Literal["local", "ray"], str]:
+    """Which engine runs the job, and why."""
+    if job.engine == "local":
+        return "local", "the job asks for the local engine"
+    if job.engine == "ray":
+        return "ray", "the job asks for the ray engine"
+    if job.address:
+        return "ray", f"a cluster address was given ({job.address})"
+    if os.environ.get("RAY_ADDRESS"):
+        return "ray", "RAY_ADDRESS is set"
+    if isinstance(job.source, DatasetSource):
+        return "ray", "the input is a Ray Dataset"
+    return "local", "no cluster address: the embedded local engine runs in-process, no start-up"
+
+
+def build_plan(job: Job, limit: int | None = None) -> Plan:
+    """Validate the job against the data's schema and split it into units."""
+    if not job.models:
+        raise ConfigError("the job has no models: name at least one model to run.")
+    schema = job.source.schema()
+    carry = _carryover(job, schema)
+    read_columns = _read_columns(job, schema, carry)
+    units = job.source.plan()
+    if not units:
+        raise DataError("the input has no units to read: the dataset is empty.")
+    if all(u.rows == 0 for u in units):
+        raise DataError("the input dataset has no rows: nothing to predict.")
+    if limit is not None:
+        units = _limit(units, limit)
+    stages = [_stage(job, m, schema, units) for m in job.models]
+    engine, reason = choose_engine(job)
+    return Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
+
+
+def _carryover(job: Job, schema: pa.Schema) -> list[str]:
+    if job.carryover == ("*",):
+        return list(schema.names)
+    check_columns(schema, job.carryover, "carryover")
+    return list(job.carryover)
+
+
+def _read_columns(job: Job, schema: pa.Schema, carry: list[str]) -> list[str] | None:
+    wanted: set[str] = set(carry)
+    pre = job.preprocess
+    if pre is not None:
+        if pre.inputs is None:
+            return None
+        check_columns(schema, pre.inputs, "preprocess inputs")
+        wanted |= set(pre.inputs)
+    earlier: list[str] = []
+    for model in job.models:
+        if model.inputs is None:
+            return None
+        known = [c for c in model.inputs if c in schema.names]
+        produced = [c for c in model.inputs if _made_by(c, earlier)]
+        if pre is None:
+            wanted_from_source = [c for c in model.inputs if c not in produced]
+            check_columns(schema, wanted_from_source, f"model {model.name!r} inputs")
+        wanted |= set(known)
+        earlier.append(model.name)
+    return [c for c in schema.names if c in wanted]
+
+
+def _made_by(column: str, models: Sequence[str]) -> bool:
+    """Whether ``column`` is an output of one of ``models`` (which run earlier)."""
+    return any(column == m or column.startswith(m + "_") for m in models)
+
+
+def _stage(job: Job, model: Model, schema: pa.Schema, units: list[Unit]) -> StagePlan:
+    inputs = model.inputs if model.inputs is not None else tuple(schema.names)
+    rows = model.batch_size.rows
+    if rows is None:
+        rows = model.batch_size.rows_for(_row_bytes(job, inputs, schema, units))
+    return StagePlan(model, tuple(inputs), rows, model.batch_format)
+
+
+def _row_bytes(job: Job, inputs: Sequence[str], schema: pa.Schema, units: list[Unit]) -> float:
+    known = [c for c in inputs if c in schema.names]
+    fixed = [schema.field(c).type for c in known]
+    if all(pa.types.is_primitive(t) for t in fixed):
+        width = sum(t.bit_width // 8 or 1 for t in fixed)
+    else:
+        sample = job.source.read(units[0], known).slice(0, 1024)
+        width = int(sample.nbytes / max(sample.num_rows, 1))
+    return float(width + 8 * (len(inputs) - len(known)))
+
+
+def _limit(units: list[Unit], limit: int) -> list[Unit]:
+    if limit <= 0:
+        raise ConfigError(f"--limit must be > 0, got {limit}.")
+    chosen: list[Unit] = []
+    left = limit
+    for unit in units:
+        if left <= 0:
+            break
+        take = left if unit.rows is None else min(left, unit.rows)
+        chosen.append(replace(unit, rows=take))
+        left -= take
+    return chosen

@@ -1,0 +1,136 @@
+"""The progress bar and the final report.
+
+The console and the clock are injected, so tests can check the output exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+
+@dataclass
+class StageStats:
+    """Busy time of one stage, summed over its replicas."""
+
+    busy_seconds: float = 0.0
+    rows: int = 0
+    batches: int = 0
+
+    def add(self, seconds: float, rows: int, batches: int = 1) -> None:
+        self.busy_seconds += seconds
+        self.rows += rows
+        self.batches += batches
+
+
+@dataclass
+class Report:
+    """What a run did. ``result`` holds the rows only for in-memory runs."""
+
+    fingerprint: str
+    engine: str
+    engine_reason: str
+    output: str | None
+    units_total: int
+    units_done: int
+    units_skipped: int
+    rows_in: int
+    rows_out: int
+    rows_skipped: int
+    parts: int
+    wall_seconds: float
+    stages: dict[str, StageStats] = field(default_factory=dict)
+    complete: bool = True
+    result: pa.Table | None = None
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_out / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("result")
+        data["rows_per_second"] = round(self.rows_per_second, 1)
+        data["wall_seconds"] = round(self.wall_seconds, 3)
+        for stats in data["stages"].values():
+            stats["busy_seconds"] = round(stats["busy_seconds"], 3)
+        return data
+
+    def render(self) -> Table:
+        """The summary as a rich table."""
+        table = Table(title="chute report", show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("engine", f"{self.engine} ({self.engine_reason})")
+        table.add_row("output", self.output or "(in memory)")
+        table.add_row("units", f"{self.units_done} run, {self.units_skipped} already done, "
+                               f"{self.units_total} in all")
+        table.add_row("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}")
+        if self.rows_skipped:
+            table.add_row("rows already done", f"{self.rows_skipped:,}")
+        table.add_row("wall time", f"{self.wall_seconds:.2f} s")
+        table.add_row("throughput", f"{self.rows_per_second:,.0f} rows/s")
+        for name, stats in self.stages.items():
+            table.add_row(f"busy: {name}", f"{stats.busy_seconds:.2f} s over "
+                                           f"{stats.batches} batches")
+        table.add_row("status", "complete" if self.complete else "INCOMPLETE")
+        return table
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second, averaged over the run."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed or 0.0
+        rate = task.completed / elapsed if elapsed > 0 else 0.0
+        return Text(f"{rate:,.0f} rows/s", style="progress.data.speed")
+
+
+class ProgressBar:
+    """One bar: rows written out of the total, with rows/s and ETA."""
+
+    def __init__(
+        self,
+        total: int | None,
+        console: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        enabled: bool = True,
+    ) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+            MofNCompleteColumn(), RateColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=console, get_time=clock, disable=not enabled,
+            transient=False,
+        )
+        self._task = self._progress.add_task("rows", total=total)
+
+    def __enter__(self) -> ProgressBar:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def advance(self, rows: int) -> None:
+        self._progress.advance(self._task, rows)
+
+    def describe(self, text: str) -> None:
+        self._progress.update(self._task, description=text)

@@ -1,0 +1,171 @@
+"""The driver: plan, skip what is done, hand the plan to an engine, commit what comes back.
+
+The driver sees only :class:`~chute.sinks.PartRecord` rows — never row data, unless the
+caller asked for the result in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+
+from chute.errors import ChuteError
+from chute.job import Job
+from chute.ledger import Ledger
+from chute.plan import Plan, build_plan
+from chute.report import ProgressBar, Report, StageStats
+from chute.sinks import PartRecord, read_ipc, record_dict
+from chute.sources import Unit
+from chute.stages import KEY
+
+
+class Committer:
+    """Collects part records and commits each unit once its parts cover all of its rows."""
+
+    def __init__(self, plan: Plan, ledger: Ledger | None, bar: ProgressBar | None) -> None:
+        self.plan = plan
+        self.ledger = ledger
+        self.bar = bar
+        self.units: dict[int, Unit] = {u.index: u for u in plan.pending}
+        self._parts: dict[int, list[PartRecord]] = defaultdict(list)
+        self._totals: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.rows_out = 0
+        self.parts = 0
+        self.write = StageStats()
+        self._tables: list[tuple[int, int, pa.Table]] = []
+
+    def add(self, records: Sequence[PartRecord]) -> None:
+        """Take records from the writers; commit the units they complete."""
+        completed: list[int] = []
+        for record in records:
+            if record.unit in self.done or record.unit not in self.units:
+                continue  # a duplicate from a retried task: its part is an orphan
+            self._parts[record.unit].append(record)
+            if record.unit_rows >= 0:
+                self._totals[record.unit] = record.unit_rows
+            self.parts += 1
+            self.write.add(record.seconds, record.end - record.start)
+            if record.data:
+                self._tables.append((record.unit, record.start, read_ipc(record.data)))
+            if self.bar is not None:
+                self.bar.advance(record.end - record.start)
+            if self._complete(record.unit):
+                completed.append(record.unit)
+        self._commit(completed)
+
+    def _complete(self, index: int) -> bool:
+        total = self._totals.get(index)
+        if total is None:
+            return False
+        spans = sorted((p.start, p.end) for p in self._parts[index])
+        reached = 0
+        for start, end in spans:
+            if start != reached:
+                return False
+            reached = end
+        return reached == total
+
+    def _commit(self, indexes: list[int]) -> None:
+        if not indexes:
+            return
+        entries = []
+        for index in indexes:
+            rows = self._totals[index]
+            self.done.add(index)
+            self.rows_out += rows
+            entries.append({
+                "unit": self.units[index].id, "index": index, "rows": rows,
+                "parts": [p.path for p in self._parts.pop(index)],
+            })
+        if self.ledger is not None:
+            self.ledger.commit(entries)
+        if self.bar is not None:
+            self.bar.describe(f"rows ({len(self.done)}/{len(self.units)} units committed)")
+
+    def missing(self) -> list[Unit]:
+        return [u for i, u in self.units.items() if i not in self.done]
+
+    def result(self) -> pa.Table | None:
+        """In-memory rows in input order (only for runs without an output location)."""
+        if not self._tables:
+            return None
+        ordered = sorted(self._tables, key=lambda t: (t[0], t[1]))
+        return pa.concat_tables([t for _, _, t in ordered]).drop_columns([KEY])
+
+
+def run_job(
+    job: Job,
+    *,
+    progress: bool = False,
+    overwrite: bool = False,
+    verbose: bool = False,
+    limit: int | None = None,
+    console: Console | None = None,
+) -> Report:
+    """Plan and run ``job``; resume from its ledger when the output already holds part of it."""
+    started = time.perf_counter()
+    plan = build_plan(job, limit=limit)
+    ledger = None
+    if job.output is not None and limit is None:
+        ledger = Ledger.open(job.output.path, job.fingerprint(), job.describe(), overwrite)
+        done = ledger.entries
+        plan.pending = [u for u in plan.units if u.id not in done]
+        ledger.remove_orphans()
+        ledger.unfinish()
+    bar = ProgressBar(plan.pending_rows, console=console, enabled=progress)
+    committer = Committer(plan, ledger, bar)
+    engine = _engine(plan, verbose)
+    with bar:
+        stages = engine.execute(plan, committer.add) if plan.pending else {}
+    missing = committer.missing()
+    if missing:
+        names = ", ".join(u.id for u in missing[:5])
+        raise ChuteError(
+            f"{len(missing)} unit(s) did not complete ({names}); the ledger holds the rest. "
+            "Run the job again to finish them."
+        )
+    report = _report(plan, committer, stages, time.perf_counter() - started)
+    if ledger is not None:
+        ledger.remove_orphans()
+        ledger.finish(report.to_dict())
+    report.result = committer.result()
+    return report
+
+
+def _engine(plan: Plan, verbose: bool) -> Any:
+    if plan.engine == "ray":
+        from chute.engines.ray import RayEngine
+
+        return RayEngine(address=plan.job.address, verbose=verbose)
+    from chute.engines.local import LocalEngine
+
+    return LocalEngine()
+
+
+def _report(
+    plan: Plan, committer: Committer, stages: dict[str, StageStats], wall: float
+) -> Report:
+    skipped = [u for u in plan.units if u not in plan.pending]
+    stats = dict(stages)
+    stats["write"] = committer.write
+    return Report(
+        fingerprint=plan.job.fingerprint(),
+        engine=plan.engine,
+        engine_reason=plan.engine_reason,
+        output=plan.job.output.path if plan.job.output else None,
+        units_total=len(plan.units),
+        units_done=len(committer.done),
+        units_skipped=len(skipped),
+        rows_in=committer.rows_out,
+        rows_out=committer.rows_out,
+        rows_skipped=sum(u.rows or 0 for u in skipped),
+        parts=committer.parts,
+        wall_seconds=wall,
+        stages=stats,
+    )

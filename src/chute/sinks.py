@@ -1,0 +1,154 @@
+"""Writers: each part is written under a temporary name and renamed into place; the writer
+returns one small record per part, never the rows (unless the result is wanted in memory).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from chute.plan import Output
+from chute.stages import KEY, decode
+
+EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    """What the driver learns about one written part: small, fixed-size metadata."""
+
+    unit: int
+    """Index of the unit in the plan."""
+    start: int
+    """First row of the unit in this part."""
+    end: int
+    """One past the last row of the unit in this part."""
+    unit_rows: int
+    """The unit's total rows if this part holds its last row, else -1."""
+    path: str
+    """Part file name relative to the output root ("" for in-memory results)."""
+    nbytes: int
+    seconds: float
+    """Time spent writing the part."""
+    data: bytes = b""
+    """Arrow IPC of the rows, only when the result is kept in memory."""
+
+
+RECORD_SCHEMA = pa.schema(
+    [
+        ("unit", pa.int64()), ("start", pa.int64()), ("end", pa.int64()),
+        ("unit_rows", pa.int64()), ("path", pa.string()), ("nbytes", pa.int64()),
+        ("seconds", pa.float64()), ("data", pa.binary()),
+    ]
+)
+
+
+def records_to_table(records: Sequence[PartRecord]) -> pa.Table:
+    """Records as a small Arrow table (what Ray ships back to the driver)."""
+    columns = {f.name: [getattr(r, f.name) for r in records] for f in fields(PartRecord)}
+    return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
+
+
+def records_from_table(table: pa.Table) -> list[PartRecord]:
+    return [PartRecord(**row) for row in table.to_pylist()]
+
+
+def runs(keys: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+    """Contiguous runs of one unit: (first index, last index + 1, unit, start row, unit_rows)."""
+    units, rows, last = decode(keys)
+    breaks = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
+    bounds = [0, *breaks.tolist(), len(keys)]
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        total = int(rows[hi - 1]) + 1 if last[hi - 1] else -1
+        out.append((lo, hi, int(units[lo]), int(rows[lo]), total))
+    return out
+
+
+class PartWriter:
+    """Writes the output columns of a batch as one part per contiguous run of a unit."""
+
+    def __init__(self, output: Output) -> None:
+        self.output = output
+        self.sink = output.sink
+        self._fs: pafs.FileSystem | None = None
+        self._root = ""
+
+    def _filesystem(self) -> tuple[pafs.FileSystem, str]:
+        if self._fs is None:
+            assert self.sink is not None
+            self._fs, self._root = output_filesystem(self.sink.path)
+        return self._fs, self._root
+
+    def write(self, table: pa.Table) -> list[PartRecord]:
+        if table.num_rows == 0:
+            return []
+        keys = table.column(KEY).to_numpy()
+        table = table.select([*self.output.columns(table.column_names), KEY])
+        return [
+            self._write_run(table.slice(lo, hi - lo), unit, start, total)
+            for lo, hi, unit, start, total in runs(keys)
+        ]
+
+    def _write_run(self, part: pa.Table, unit: int, start: int, total: int) -> PartRecord:
+        began = time.perf_counter()
+        end = start + part.num_rows
+        if self.sink is None:
+            data = _ipc(part)
+            return PartRecord(unit, start, end, total, "", len(data), 0.0, data)
+        name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[self.sink.format]}"
+        fs, root = self._filesystem()
+        tmp = f"{root}/.{name}.tmp"
+        payload = encode(part.drop_columns([KEY]), self.sink.format)
+        with fs.open_output_stream(tmp) as out:
+            out.write(payload)
+        fs.move(tmp, f"{root}/{name}")
+        return PartRecord(unit, start, end, total, name, len(payload), time.perf_counter() - began)
+
+
+def encode(table: pa.Table, fmt: str) -> bytes:
+    """The bytes of a part file in ``fmt``."""
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        pq.write_table(table, buf)
+    elif fmt == "csv":
+        pacsv.write_csv(table, buf)
+    else:
+        table.to_pandas().to_json(buf, orient="records", lines=True, date_format="iso")
+    return buf.getvalue()
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def read_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def output_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and root path of an output location (local or a URI)."""
+    if "://" in path:
+        fs, root = pafs.FileSystem.from_uri(path)
+        return fs, root.rstrip("/")
+    return pafs.LocalFileSystem(), os.path.abspath(path).rstrip("/")
+
+
+def record_dict(record: PartRecord) -> dict[str, object]:
+    """A record as it is kept in the ledger (without any row data)."""
+    row = asdict(record)
+    row.pop("data")
+    return row

@@ -1,0 +1,350 @@
+"""Sources: where rows come from, split into units that can be read independently.
+
+A unit is a file, a range of Parquet row groups, or a slice of in-memory data. It has a
+stable id (the ledger records committed units by id) and, where the format allows, a
+row count known from metadata alone. Planning never reads data rows.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob as globlib
+import io
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from chute.errors import DataError, missing_columns_error
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
+           ".json": "jsonl", ".ndjson": "jsonl"}
+UNIT_TARGET_ROWS = 1_000_000
+"""Parquet files larger than this are split into units of whole row groups."""
+READ_BATCH_ROWS = 65_536
+"""Rows per batch handed downstream by a reader; units are read whole, then sliced."""
+MEMORY_UNIT_ROWS = 262_144
+"""Rows per unit for in-memory data."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """An independently readable piece of the input."""
+
+    index: int
+    """Position in the plan; rows are tagged with it on their way to the writer."""
+    id: str
+    """Stable across runs of the same job: the ledger's key."""
+    rows: int | None
+    """Row count from metadata, or ``None`` where the format cannot tell without reading."""
+    nbytes: int | None = None
+    """Uncompressed size estimate, for batch sizes given in bytes."""
+    path: str | None = None
+    row_groups: tuple[int, ...] | None = None
+    offset: int = 0
+    ref: Any = field(default=None, compare=False)
+    """A Ray object reference holding the unit's table (Ray Dataset input)."""
+
+
+class Source(Protocol):
+    """What the engines need from a source. Implementations must be picklable."""
+
+    def schema(self) -> pa.Schema:
+        """Columns and types, from metadata."""
+        ...
+
+    def plan(self) -> list[Unit]:
+        """Split the input into units; metadata only."""
+        ...
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        """Read one unit, projected to ``columns``."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies the input, for the job fingerprint."""
+        ...
+
+
+def iter_slices(table: pa.Table, rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
+    """Zero-copy slices of at most ``rows`` rows."""
+    for start in range(0, table.num_rows, rows):
+        yield table.slice(start, rows)
+
+
+def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        return pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, ValueError):
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def _has_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[str]:
+    if _has_glob(path):
+        base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
+        infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
+        files = [i.path for i in infos if i.is_file and fnmatch.fnmatch(i.path, path)]
+        if not files:
+            raise DataError(f"the glob {original!r} matches no files. Check the pattern.")
+        return sorted(files)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"input path {original!r} does not exist. Check the path.")
+    if info.type == pafs.FileType.File:
+        return [path]
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    files = [
+        i.path for i in infos
+        if i.is_file and not _hidden(i.path[len(path):]) and i.size and i.size > 0
+    ]
+    return sorted(files)
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+
+
+def _format_of(path: str) -> str | None:
+    return FORMATS.get(os.path.splitext(path)[1].lower())
+
+
+class FileSource:
+    """Parquet, CSV or JSON Lines files: one file, a directory or a glob.
+
+    >>> FileSource("data/*.parquet").plan()  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | Sequence[str], format: str | None = None) -> None:
+        self.paths = [path] if isinstance(path, str) else list(path)
+        if not self.paths:
+            raise DataError("no input path given: name a file, a directory or a glob.")
+        self.format = format
+        self._files: list[str] | None = None
+        self._fs: pafs.FileSystem | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"paths": self.paths, "format": self.format, "_files": self._files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fs = None
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        if self._fs is None:
+            self._fs = _filesystem(self.paths[0])[0]
+        return self._fs
+
+    def files(self) -> list[str]:
+        """Every input file, sorted; listed once."""
+        if self._files is None:
+            found: list[str] = []
+            for original in self.paths:
+                fs, path = _filesystem(original)
+                self._fs = fs
+                found.extend(_list_files(fs, path, original))
+            if not found:
+                raise DataError(f"no input files under {', '.join(self.paths)}: nothing to do.")
+            self._files = found
+            self.format = self.format or self._infer_format(found)
+        return self._files
+
+    def _infer_format(self, files: list[str]) -> str:
+        formats = {_format_of(f) for f in files}
+        if len(formats) == 1 and None not in formats:
+            return str(formats.pop())
+        raise DataError(
+            f"cannot tell the input format of {self.paths[0]!r} from its file names "
+            f"({files[0]}). Set the format: parquet, csv or jsonl."
+        )
+
+    def _open(self, path: str) -> Any:
+        return self.filesystem.open_input_file(path)
+
+    def schema(self) -> pa.Schema:
+        first = self.files()[0]
+        try:
+            if self.format == "parquet":
+                return pq.read_schema(self._open(first))
+            return self._read_file(first, None).schema
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read the schema of {first!r}: {exc}") from exc
+
+    def plan(self) -> list[Unit]:
+        files = self.files()
+        if self.format != "parquet":
+            return [Unit(i, self._unit_id(f), None, None, path=f) for i, f in enumerate(files)]
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            metas = list(pool.map(self._footer, files))
+        units: list[Unit] = []
+        for path, meta in zip(files, metas, strict=True):
+            units.extend(self._parquet_units(path, meta, len(units)))
+        return units
+
+    def _footer(self, path: str) -> pq.FileMetaData:
+        try:
+            return pq.read_metadata(self._open(path))
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read the Parquet footer of {path!r}: {exc}") from exc
+
+    def _parquet_units(self, path: str, meta: pq.FileMetaData, start: int) -> list[Unit]:
+        units: list[Unit] = []
+        group: list[int] = []
+        rows = nbytes = 0
+        for rg in range(meta.num_row_groups):
+            group.append(rg)
+            rows += meta.row_group(rg).num_rows
+            nbytes += meta.row_group(rg).total_byte_size
+            if rows >= UNIT_TARGET_ROWS or rg == meta.num_row_groups - 1:
+                whole = len(group) == meta.num_row_groups
+                uid = self._unit_id(path) + ("" if whole else f"#rg{group[0]}-{group[-1]}")
+                units.append(Unit(start + len(units), uid, rows, nbytes, path, tuple(group)))
+                group, rows, nbytes = [], 0, 0
+        if meta.num_row_groups == 0:
+            units.append(Unit(start, self._unit_id(path), 0, 0, path, ()))
+        return units
+
+    def _unit_id(self, path: str) -> str:
+        return path
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        assert unit.path is not None
+        try:
+            if self.format == "parquet":
+                pf = pq.ParquetFile(self._open(unit.path))
+                cols = list(columns) if columns is not None else None
+                return pf.read_row_groups(list(unit.row_groups or ()), columns=cols)
+            return self._read_file(unit.path, columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read input file {unit.path!r}: {exc}") from exc
+
+    def _read_file(self, path: str, columns: Sequence[str] | None) -> pa.Table:
+        with self._open(path) as handle:
+            if self.format == "csv":
+                opts = pacsv.ConvertOptions(include_columns=list(columns) if columns else None)
+                table = pacsv.read_csv(handle, convert_options=opts)
+            else:
+                table = pajson.read_json(io.BytesIO(handle.read()))
+        return table.select(list(columns)) if columns is not None else table
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "files", "format": self.format, "files": self.files()}
+
+
+class TableSource:
+    """In-memory data held as one Arrow table, split into slices."""
+
+    def __init__(self, table: pa.Table, unit_rows: int = MEMORY_UNIT_ROWS) -> None:
+        if table.num_rows == 0:
+            raise DataError("the input data has no rows: nothing to predict.")
+        self.table = table
+        self.unit_rows = unit_rows
+
+    def schema(self) -> pa.Schema:
+        return self.table.schema
+
+    def plan(self) -> list[Unit]:
+        return [
+            Unit(i, f"memory[{start}:{start + n}]", n, None, offset=start)
+            for i, start in enumerate(range(0, self.table.num_rows, self.unit_rows))
+            for n in [min(self.unit_rows, self.table.num_rows - start)]
+        ]
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        table = self.table if columns is None else self.table.select(list(columns))
+        return table.slice(unit.offset, unit.rows)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "memory", "rows": self.table.num_rows, "schema": str(self.table.schema)}
+
+
+class DatasetSource:
+    """A Ray Dataset, materialized once; each of its blocks is a unit."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self._refs: list[Any] | None = None
+
+    def _blocks(self) -> list[Any]:
+        if self._refs is None:
+            self._refs = list(self.dataset.materialize().to_arrow_refs())
+        return self._refs
+
+    def schema(self) -> pa.Schema:
+        import ray
+
+        return ray.get(self._blocks()[0]).schema
+
+    def plan(self) -> list[Unit]:
+        return [Unit(i, f"block[{i}]", None, ref=ref) for i, ref in enumerate(self._blocks())]
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        import ray
+
+        table: pa.Table = ray.get(unit.ref)
+        return table if columns is None else table.select(list(columns))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "ray-dataset", "blocks": len(self._blocks())}
+
+
+def as_source(data: Any, format: str | None = None) -> Source:
+    """Turn a path, a glob, a DataFrame, an Arrow table, a dict of arrays or a Ray Dataset
+    into a source."""
+    if isinstance(data, (FileSource, TableSource, DatasetSource)):
+        return data
+    if isinstance(data, (str, os.PathLike)):
+        return FileSource(os.fspath(data), format)
+    if isinstance(data, (list, tuple)) and data and all(isinstance(p, str) for p in data):
+        return FileSource(list(data), format)
+    if isinstance(data, pa.Table):
+        return TableSource(data)
+    if isinstance(data, pa.RecordBatch):
+        return TableSource(pa.Table.from_batches([data]))
+    if isinstance(data, dict):
+        return TableSource(_table_from_dict(data))
+    if type(data).__module__.startswith("pandas"):
+        return TableSource(pa.Table.from_pandas(data, preserve_index=False))
+    if type(data).__module__.startswith("ray.data"):
+        return DatasetSource(data)
+    raise DataError(
+        f"cannot read input of type {type(data).__name__}: give a path, a glob, a pandas "
+        "DataFrame, a pyarrow Table, a dict of NumPy arrays or a ray.data.Dataset."
+    )
+
+
+def _table_from_dict(data: dict[str, Any]) -> pa.Table:
+    import numpy as np
+
+    columns: dict[str, pa.Array] = {}
+    for name, values in data.items():
+        arr = np.asarray(values)
+        if arr.ndim > 1:
+            flat = pa.array(arr.reshape(len(arr), -1).ravel())
+            columns[name] = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(arr.shape[1:])))
+        else:
+            columns[name] = pa.array(arr)
+    return pa.table(columns)
+
+
+def check_columns(schema: pa.Schema, wanted: Sequence[str], where: str) -> None:
+    """Fail before any compute if a named column does not exist."""
+    missing = [c for c in wanted if c not in schema.names]
+    if missing:
+        raise missing_columns_error(missing, schema.names, where)
+
+
+def expand_globs(paths: Sequence[str]) -> list[str]:
+    """Local glob expansion, for callers that want the file list themselves."""
+    return sorted(p for pattern in paths for p in globlib.glob(pattern))

@@ -1,0 +1,247 @@
+"""Stage logic shared by both engines: plain classes over Arrow tables, no engine inside.
+
+Every row travels with one int64 *row key* column that says which unit it came from and
+its position there (``unit << 40 | row``); the last row of a unit carries its key negated
+(``-key - 1``) so that a writer can tell a unit's total even when the format did not say
+it upfront. Engines re-batch freely; the key keeps the commit exact whatever they do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import ConfigError, ModelError
+from chute.job import BatchFormat, Model, Preprocess
+
+KEY = "__chute_key"
+ROW_BITS = 40
+ROW_MASK = (1 << ROW_BITS) - 1
+
+
+def tag(table: pa.Table, unit_index: int, start: int, unit_rows: int | None) -> pa.Table:
+    """Append the row key for rows ``start..start+n`` of unit ``unit_index``."""
+    keys = (unit_index << ROW_BITS) + np.arange(start, start + table.num_rows, dtype=np.int64)
+    if unit_rows is not None and table.num_rows and start + table.num_rows == unit_rows:
+        keys[-1] = -keys[-1] - 1
+    return table.append_column(KEY, pa.array(keys, type=pa.int64()))
+
+
+def decode(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split row keys into (unit index, row in unit, is-last-row-of-unit)."""
+    last = keys < 0
+    plain = np.where(last, -keys - 1, keys)
+    return plain >> ROW_BITS, plain & ROW_MASK, last
+
+
+def import_string(target: str) -> Any:
+    """Load ``"pkg.module:attr"`` or ``"path/to/file.py:attr"``."""
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"cannot import {target!r}: write it as 'package.module:name' or 'file.py:name'."
+        )
+    try:
+        module = _import_module(module_name)
+    except (ImportError, OSError) as exc:
+        raise ConfigError(f"cannot import {module_name!r} (from {target!r}): {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}.") from exc
+
+
+def _import_module(name: str) -> Any:
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    path = os.path.abspath(name)
+    mod_name = os.path.splitext(os.path.basename(path))[0]
+    if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == path:
+        return sys.modules[mod_name]
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no Python module at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def resolve(fn: Any) -> Any:
+    """The user's function, class or callable object, importing it if named by string."""
+    return import_string(fn) if isinstance(fn, str) else fn
+
+
+def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
+    """The batch a user function receives."""
+    if fmt == "pyarrow":
+        return table
+    if fmt == "pandas":
+        return table.to_pandas()
+    return {name: _to_numpy(table.column(name)) for name in table.column_names}
+
+
+def _to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    if pa.types.is_fixed_size_list(column.type):
+        arr = column.combine_chunks()
+        width = column.type.list_size
+        return np.asarray(arr.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)
+    return np.asarray(column.to_numpy())
+
+
+def to_columns(out: Any, prefix: str | None, num_rows: int, who: str) -> dict[str, pa.Array]:
+    """Normalize what a user function returned into named Arrow arrays of ``num_rows``."""
+    if isinstance(out, (pa.Table, pa.RecordBatch)):
+        items: list[tuple[str | None, Any]] = list(zip(out.column_names, out.columns, strict=True))
+    elif isinstance(out, dict):
+        items = list(out.items())
+    elif type(out).__name__ == "DataFrame":
+        items = [(str(c), out[c].to_numpy()) for c in out.columns]
+    else:
+        items = [(None, out)]
+    columns: dict[str, pa.Array] = {}
+    for key, values in items:
+        name = _column_name(prefix, key, who)
+        array = _to_arrow(values, name, who)
+        if len(array) != num_rows:
+            raise ModelError(
+                f"{who} returned {len(array)} values for column {name!r} but the batch has "
+                f"{num_rows} rows: return one value per input row."
+            )
+        columns[name] = array
+    return columns
+
+
+def _column_name(prefix: str | None, key: str | None, who: str) -> str:
+    if key is None:
+        if prefix is None:
+            raise ModelError(f"{who} must return named columns (a dict, DataFrame or table).")
+        return prefix
+    return f"{prefix}_{key}" if prefix else str(key)
+
+
+def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    try:
+        arr = np.asarray(values)
+        if arr.ndim == 2:
+            flat = pa.array(np.ascontiguousarray(arr).ravel())
+            return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
+        return pa.array(arr)
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+class StageClock:
+    """Busy seconds and rows of one stage replica."""
+
+    def __init__(self) -> None:
+        self.busy = 0.0
+        self.rows = 0
+        self.batches = 0
+
+    def record(self, seconds: float, rows: int) -> None:
+        self.busy += seconds
+        self.rows += rows
+        self.batches += 1
+
+
+class ModelStage:
+    """One replica of a model: loads it once, then appends its outputs to each batch."""
+
+    def __init__(
+        self,
+        model: Model,
+        inputs: Sequence[str],
+        target: Any = None,
+        ctor: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    ) -> None:
+        """``target`` and ``ctor`` replace ``model.fn`` and its arguments when an engine
+        ships them separately (on Ray: through the object store, once)."""
+        self.name = model.name
+        self.inputs = list(inputs)
+        self.batch_format: BatchFormat = model.batch_format
+        self.clock = StageClock()
+        target = resolve(model.fn) if target is None else target
+        args, kwargs = ctor if ctor is not None else (model.args, dict(model.kwargs))
+        self._predict = self._load(model, target, args, kwargs)
+
+    def _load(
+        self, model: Model, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Callable[[Any], Any]:
+        if not isinstance(target, type):
+            if args or kwargs:
+                raise ConfigError(
+                    f"model {model.name!r}: args/kwargs are constructor arguments, but "
+                    f"{target!r} is not a class."
+                )
+            if not callable(target):
+                raise ConfigError(f"model {model.name!r}: {target!r} is not callable.")
+            return target  # type: ignore[no-any-return]
+        try:
+            instance = target(*args, **kwargs)
+        except Exception as exc:
+            raise ModelError(f"model {model.name!r} failed to load: {exc!r}") from exc
+        if not callable(instance):
+            raise ConfigError(f"model {model.name!r}: {target.__name__} has no __call__.")
+        return instance  # type: ignore[no-any-return]
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        started = time.perf_counter()
+        batch = to_format(table.select(self.inputs), self.batch_format)
+        try:
+            out = self._predict(batch)
+        except Exception as exc:
+            raise ModelError(
+                f"model {self.name!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        for name, array in to_columns(out, self.name, table.num_rows, f"model {self.name!r}").items():
+            table = table.append_column(name, array)
+        self.clock.record(time.perf_counter() - started, table.num_rows)
+        return table
+
+
+class PreprocessStage:
+    """The optional CPU step before the models."""
+
+    def __init__(self, spec: Preprocess, inputs: Sequence[str], protected: Sequence[str]) -> None:
+        self.fn: Callable[[Any], Any] = resolve(spec.fn)
+        self.inputs = list(inputs)
+        self.batch_format: BatchFormat = spec.batch_format
+        self.protected = set(protected)
+        self.clock = StageClock()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        started = time.perf_counter()
+        try:
+            out = self.fn(to_format(table.select(self.inputs), self.batch_format))
+        except Exception as exc:
+            raise ModelError(f"preprocess raised {type(exc).__name__}: {exc}") from exc
+        for name, array in to_columns(out, None, table.num_rows, "preprocess").items():
+            if name in self.protected or name == KEY:
+                raise ConfigError(
+                    f"preprocess returned column {name!r}, which is a carryover column: "
+                    "carryover columns pass through untouched. Return it under another name."
+                )
+            if name in table.column_names:
+                table = table.set_column(table.column_names.index(name), name, array)
+            else:
+                table = table.append_column(name, array)
+        self.clock.record(time.perf_counter() - started, table.num_rows)
+        return table
