@@ -17,7 +17,8 @@ def _models(model: Model | Sequence[Model] | Any) -> tuple[Model, ...]:
         return (model,)
     if isinstance(model, (list, tuple)) and all(isinstance(m, Model) for m in model):
         return tuple(model)
-    return (Model("prediction", model),)
+    fn: Any = model
+    return (Model("prediction", fn),)
 
 
 def predict(
@@ -39,7 +40,8 @@ def predict(
     job = Job(source=as_source(data), models=_models(model), carryover=carry, engine=engine)
     report = job.run()
     assert report.result is not None
-    return report.result.to_pandas()
+    frame: pd.DataFrame = report.result.to_pandas()
+    return frame
 
 
 def run(
@@ -55,7 +57,9 @@ def run(
 ) -> Report:
     """Run models over ``data`` and write the results under ``output``; return the report."""
     job = Job(
-        source=as_source(data), models=_models(model), carryover=tuple(carryover),
+        source=as_source(data),
+        models=_models(model),
+        carryover=tuple(carryover),
         output=Sink(output, format),  # type: ignore[arg-type]
         engine=engine,
     )

@@ -49,23 +49,32 @@ def _month(month: int, rows: int, first_id: int, rng: np.random.Generator) -> pa
     extra = rng.choice([0.0, 0.5, 1.0], rows)
     mta = np.full(rows, 0.5)
     lon, lat = -73.98 + rng.normal(0, 0.03, (2, rows)), 40.75 + rng.normal(0, 0.03, (2, rows))
-    passengers = rng.choice(np.arange(1, 7, dtype=np.int8), rows,
-                            p=[0.69, 0.14, 0.05, 0.02, 0.07, 0.03])
-    return pa.table({
-        "trip_id": pa.array(np.arange(first_id, first_id + rows, dtype=np.int64)),
-        "vendor_id": pa.array(rng.choice(["VTS", "CMT", "DDS"], rows, p=[0.5, 0.45, 0.05])),
-        "pickup_at": pa.array(pickup),
-        "dropoff_at": pa.array(pickup + (minutes * 60).astype("timedelta64[s]")),
-        "passenger_count": pa.array(passengers, pa.int8()),
-        "trip_distance": distance,
-        "pickup_longitude": lon[0], "pickup_latitude": lat[0],
-        "rate_code_id": pa.array(rng.choice([1, 1, 1, 2, 5], rows).astype(np.int64)),
-        "store_and_fwd_flag": pa.array(rng.choice(["N", "Y"], rows, p=[0.99, 0.01])),
-        "dropoff_longitude": lon[1], "dropoff_latitude": lat[1],
-        "payment_type": pa.array(np.where(credit, "CREDIT", "CASH")),
-        "fare_amount": fare, "extra": extra, "mta_tax": mta, "tip_amount": tip,
-        "tolls_amount": tolls, "total_amount": np.round(fare + extra + mta + tip + tolls, 2),
-    })
+    passengers = rng.choice(
+        np.arange(1, 7, dtype=np.int8), rows, p=[0.69, 0.14, 0.05, 0.02, 0.07, 0.03]
+    )
+    return pa.table(
+        {
+            "trip_id": pa.array(np.arange(first_id, first_id + rows, dtype=np.int64)),
+            "vendor_id": pa.array(rng.choice(["VTS", "CMT", "DDS"], rows, p=[0.5, 0.45, 0.05])),
+            "pickup_at": pa.array(pickup),
+            "dropoff_at": pa.array(pickup + (minutes * 60).astype("timedelta64[s]")),
+            "passenger_count": pa.array(passengers, pa.int8()),
+            "trip_distance": distance,
+            "pickup_longitude": lon[0],
+            "pickup_latitude": lat[0],
+            "rate_code_id": pa.array(rng.choice([1, 1, 1, 2, 5], rows).astype(np.int64)),
+            "store_and_fwd_flag": pa.array(rng.choice(["N", "Y"], rows, p=[0.99, 0.01])),
+            "dropoff_longitude": lon[1],
+            "dropoff_latitude": lat[1],
+            "payment_type": pa.array(np.where(credit, "CREDIT", "CASH")),
+            "fare_amount": fare,
+            "extra": extra,
+            "mta_tax": mta,
+            "tip_amount": tip,
+            "tolls_amount": tolls,
+            "total_amount": np.round(fare + extra + mta + tip + tolls, 2),
+        }
+    )
 
 
 def generate(directory: str, total: int = TOTAL_ROWS, seed: int = 2009) -> list[str]:

@@ -257,9 +257,7 @@ class Job:
         """Run the job to completion and return its report."""
         from chute.runner import run_job
 
-        return run_job(
-            self, progress=progress, overwrite=overwrite, verbose=verbose, limit=limit
-        )
+        return run_job(self, progress=progress, overwrite=overwrite, verbose=verbose, limit=limit)
 
     def describe(self) -> dict[str, Any]:
         """What determines the output, as plain data (kept in the ledger)."""
@@ -280,7 +278,9 @@ class Job:
 def _fn_name(fn: Any) -> str:
     if isinstance(fn, str):
         return fn
-    target = fn if isinstance(fn, type) or callable(fn) and hasattr(fn, "__qualname__") else type(fn)
+    target = (
+        fn if isinstance(fn, type) or (callable(fn) and hasattr(fn, "__qualname__")) else type(fn)
+    )
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
 
 

@@ -41,21 +41,32 @@ class Ledger:
 
     @classmethod
     def open(
-        cls, path: str, fingerprint: str, description: dict[str, Any], overwrite: bool
+        cls,
+        path: str,
+        fingerprint: str,
+        description: dict[str, Any],
+        overwrite: bool,
+        units_total: int | None = None,
     ) -> Ledger:
         """Open (or create) the ledger, refusing a location that holds another job."""
         fs, root = output_filesystem(path)
         ledger = cls(fs, root)
-        ledger._claim(fingerprint, description, overwrite)
-        ledger._entries = ledger._read_entries()
+        ledger._claim(fingerprint, description, overwrite, units_total)
+        ledger._entries = ledger.read_entries()
         return ledger
 
-    def _claim(self, fingerprint: str, description: dict[str, Any], overwrite: bool) -> None:
+    def _claim(
+        self,
+        fingerprint: str,
+        description: dict[str, Any],
+        overwrite: bool,
+        units_total: int | None,
+    ) -> None:
         info = self.fs.get_file_info(self.root)
         if info.type == pafs.FileType.File:
             raise JobStateError(f"output {self.root!r} is a file; give a directory.")
         if info.type == pafs.FileType.Directory:
-            owner = self._read_json("job.json")
+            owner = self.read_json("job.json")
             if overwrite:
                 self.fs.delete_dir_contents(self.root)
             elif owner is None and self._foreign_files():
@@ -73,14 +84,21 @@ class Ledger:
             elif owner is not None:
                 return
         self.fs.create_dir(self.meta, recursive=True)
-        self._write_json("job.json", {"fingerprint": fingerprint, "job": description,
-                                      "created": time.time()})
+        self._write_json(
+            "job.json",
+            {
+                "fingerprint": fingerprint,
+                "job": description,
+                "units_total": units_total,
+                "created": time.time(),
+            },
+        )
 
     def _foreign_files(self) -> bool:
         infos = self.fs.get_file_info(pafs.FileSelector(self.root))
         return any(i.base_name not in (META_DIR, SUCCESS) for i in infos)
 
-    def _read_json(self, name: str) -> dict[str, Any] | None:
+    def read_json(self, name: str) -> dict[str, Any] | None:
         path = f"{self.meta}/{name}"
         if self.fs.get_file_info(path).type != pafs.FileType.File:
             return None
@@ -93,7 +111,7 @@ class Ledger:
             f.write(json.dumps(value, indent=2, default=str).encode())
         self.fs.move(tmp, final)
 
-    def _read_entries(self) -> dict[str, dict[str, Any]]:
+    def read_entries(self) -> dict[str, dict[str, Any]]:
         path = f"{self.meta}/ledger.jsonl"
         if self.fs.get_file_info(path).type != pafs.FileType.File:
             return {}
@@ -132,9 +150,9 @@ class Ledger:
         keep = self.committed_parts()
         infos = self.fs.get_file_info(pafs.FileSelector(self.root))
         orphans = [
-            i.path for i in infos
-            if i.is_file and i.base_name.startswith(("part-", ".part-"))
-            and i.base_name not in keep
+            i.path
+            for i in infos
+            if i.is_file and i.base_name.startswith(("part-", ".part-")) and i.base_name not in keep
         ]
         for path in orphans:
             self.fs.delete_file(path)
@@ -153,7 +171,7 @@ class Ledger:
             f.write(b"")
 
     def report(self) -> dict[str, Any] | None:
-        return self._read_json("report.json")
+        return self.read_json("report.json")
 
 
 def _changes(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -59,7 +59,9 @@ class Plan:
 
     @property
     def output(self) -> Output:
-        return Output(self.job.output, tuple(self.carryover), tuple(m.name for m in self.job.models))
+        return Output(
+            self.job.output, tuple(self.carryover), tuple(m.name for m in self.job.models)
+        )
 
     @property
     def reader(self) -> Reader:
@@ -95,9 +97,12 @@ class Output:
         produced: list[str] = []
         for name in self.models:
             produced += [
-                c for c in available
-                if (c == name or c.startswith(name + "_")) and c not in self.carryover
-                and c not in produced and c != KEY
+                c
+                for c in available
+                if (c == name or c.startswith(name + "_"))
+                and c not in self.carryover
+                and c not in produced
+                and c != KEY
             ]
         return [*self.carryover, *produced]
 

@@ -18,7 +18,6 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
-    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -81,16 +80,19 @@ class Report:
         table.add_column()
         table.add_row("engine", f"{self.engine} ({self.engine_reason})")
         table.add_row("output", self.output or "(in memory)")
-        table.add_row("units", f"{self.units_done} run, {self.units_skipped} already done, "
-                               f"{self.units_total} in all")
+        table.add_row(
+            "units",
+            f"{self.units_done} run, {self.units_skipped} already done, {self.units_total} in all",
+        )
         table.add_row("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}")
         if self.rows_skipped:
             table.add_row("rows already done", f"{self.rows_skipped:,}")
         table.add_row("wall time", f"{self.wall_seconds:.2f} s")
         table.add_row("throughput", f"{self.rows_per_second:,.0f} rows/s")
         for name, stats in self.stages.items():
-            table.add_row(f"busy: {name}", f"{stats.busy_seconds:.2f} s over "
-                                           f"{stats.batches} batches")
+            table.add_row(
+                f"busy: {name}", f"{stats.busy_seconds:.2f} s over {stats.batches} batches"
+            )
         table.add_row("status", "complete" if self.complete else "INCOMPLETE")
         return table
 
@@ -115,12 +117,19 @@ class ProgressBar:
         enabled: bool = True,
     ) -> None:
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-            MofNCompleteColumn(), RateColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=console, get_time=clock, disable=not enabled,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            RateColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            get_time=clock,
+            disable=not enabled,
             transient=False,
         )
-        self._task = self._progress.add_task("rows", total=total)
+        self._task = self._progress.add_task("units", total=total)
 
     def __enter__(self) -> ProgressBar:
         self._progress.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from chute.job import Job
 from chute.ledger import Ledger
 from chute.plan import Plan, build_plan
 from chute.report import ProgressBar, Report, StageStats
-from chute.sinks import PartRecord, read_ipc, record_dict
+from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
 from chute.stages import KEY
 
@@ -79,14 +80,18 @@ class Committer:
             rows = self._totals[index]
             self.done.add(index)
             self.rows_out += rows
-            entries.append({
-                "unit": self.units[index].id, "index": index, "rows": rows,
-                "parts": [p.path for p in self._parts.pop(index)],
-            })
+            entries.append(
+                {
+                    "unit": self.units[index].id,
+                    "index": index,
+                    "rows": rows,
+                    "parts": [p.path for p in self._parts.pop(index)],
+                }
+            )
         if self.ledger is not None:
             self.ledger.commit(entries)
         if self.bar is not None:
-            self.bar.describe(f"rows ({len(self.done)}/{len(self.units)} units committed)")
+            self.bar.describe(f"units {len(self.done)}/{len(self.units)}")
 
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]
@@ -110,10 +115,14 @@ def run_job(
 ) -> Report:
     """Plan and run ``job``; resume from its ledger when the output already holds part of it."""
     started = time.perf_counter()
+    if limit is not None:
+        job = replace(job, output=None)  # a trial run: rows come back, nothing is written
     plan = build_plan(job, limit=limit)
     ledger = None
-    if job.output is not None and limit is None:
-        ledger = Ledger.open(job.output.path, job.fingerprint(), job.describe(), overwrite)
+    if job.output is not None:
+        ledger = Ledger.open(
+            job.output.path, job.fingerprint(), job.describe(), overwrite, len(plan.units)
+        )
         done = ledger.entries
         plan.pending = [u for u in plan.units if u.id not in done]
         ledger.remove_orphans()
@@ -148,9 +157,7 @@ def _engine(plan: Plan, verbose: bool) -> Any:
     return LocalEngine()
 
 
-def _report(
-    plan: Plan, committer: Committer, stages: dict[str, StageStats], wall: float
-) -> Report:
+def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wall: float) -> Report:
     skipped = [u for u in plan.units if u not in plan.pending]
     stats = dict(stages)
     stats["write"] = committer.write

@@ -5,6 +5,7 @@ returns one small record per part, never the rows (unless the result is wanted i
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import time
 import uuid
@@ -46,9 +47,14 @@ class PartRecord:
 
 RECORD_SCHEMA = pa.schema(
     [
-        ("unit", pa.int64()), ("start", pa.int64()), ("end", pa.int64()),
-        ("unit_rows", pa.int64()), ("path", pa.string()), ("nbytes", pa.int64()),
-        ("seconds", pa.float64()), ("data", pa.binary()),
+        ("unit", pa.int64()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+        ("unit_rows", pa.int64()),
+        ("path", pa.string()),
+        ("nbytes", pa.int64()),
+        ("seconds", pa.float64()),
+        ("data", pa.binary()),
     ]
 )
 
@@ -69,7 +75,7 @@ def runs(keys: np.ndarray) -> list[tuple[int, int, int, int, int]]:
     breaks = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
     bounds = [0, *breaks.tolist(), len(keys)]
     out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         total = int(rows[hi - 1]) + 1 if last[hi - 1] else -1
         out.append((lo, hi, int(units[lo]), int(rows[lo]), total))
     return out

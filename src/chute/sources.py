@@ -24,8 +24,14 @@ import pyarrow.parquet as pq
 
 from chute.errors import DataError, missing_columns_error
 
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
-           ".json": "jsonl", ".ndjson": "jsonl"}
+FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+}
 UNIT_TARGET_ROWS = 1_000_000
 """Parquet files larger than this are split into units of whole row groups."""
 READ_BATCH_ROWS = 65_536
@@ -81,7 +87,8 @@ def iter_slices(table: pa.Table, rows: int = READ_BATCH_ROWS) -> Iterator[pa.Tab
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     try:
-        return pafs.FileSystem.from_uri(path)
+        fs, root = pafs.FileSystem.from_uri(path)
+        return fs, str(root)
     except (pa.ArrowInvalid, ValueError):
         return pafs.LocalFileSystem(), os.path.abspath(path)
 
@@ -105,8 +112,9 @@ def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[str]:
         return [path]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     files = [
-        i.path for i in infos
-        if i.is_file and not _hidden(i.path[len(path):]) and i.size and i.size > 0
+        i.path
+        for i in infos
+        if i.is_file and not _hidden(i.path[len(path) :]) and i.size and i.size > 0
     ]
     return sorted(files)
 

@@ -53,6 +53,10 @@ def import_string(target: str) -> Any:
         module = _import_module(module_name)
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r} (from {target!r}): {exc}") from exc
+    except Exception as exc:
+        raise ModelError(
+            f"importing {module_name!r} (from {target!r}) raised {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         return getattr(module, attr)
     except AttributeError as exc:
@@ -74,7 +78,11 @@ def _import_module(name: str) -> Any:
         raise ImportError(f"no Python module at {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]  # like importlib: never cache a half-run module
+        raise
     return module
 
 
@@ -208,10 +216,10 @@ class ModelStage:
         try:
             out = self._predict(batch)
         except Exception as exc:
-            raise ModelError(
-                f"model {self.name!r} raised {type(exc).__name__}: {exc}"
-            ) from exc
-        for name, array in to_columns(out, self.name, table.num_rows, f"model {self.name!r}").items():
+            raise ModelError(f"model {self.name!r} raised {type(exc).__name__}: {exc}") from exc
+        for name, array in to_columns(
+            out, self.name, table.num_rows, f"model {self.name!r}"
+        ).items():
             table = table.append_column(name, array)
         self.clock.record(time.perf_counter() - started, table.num_rows)
         return table

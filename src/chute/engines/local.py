@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+
 import pyarrow as pa
 
 from chute.plan import Plan, StagePlan
@@ -160,7 +161,7 @@ class _Run:
             body()
         except Stopped:
             pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the driver thread
+        except BaseException as exc:
             self.errors.append(exc)
             self.stop.set()
 

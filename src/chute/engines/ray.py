@@ -78,8 +78,9 @@ class UnitDatasource:
 
             def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
                 return [
-                    ReadTask(_read_fn(reader, unit),
-                             BlockMetadata(unit.rows, unit.nbytes, None, None))
+                    ReadTask(
+                        _read_fn(reader, unit), BlockMetadata(unit.rows, unit.nbytes, None, None)
+                    )
                     for unit in units
                 ]
 
@@ -143,13 +144,20 @@ class _ModelActor:
     """One replica of a model stage in a Ray actor; the last stage also writes."""
 
     def __init__(
-        self, model: Model, inputs: list[str], target: Any, ctor: Any, output: Output | None,
+        self,
+        model: Model,
+        inputs: list[str],
+        target: Any,
+        ctor: Any,
+        output: Output | None,
         stats: Any,
     ) -> None:
         import ray
 
         self.stage = ModelStage(
-            model, inputs, target=ray.get(target) if target is not None else None,
+            model,
+            inputs,
+            target=ray.get(target) if target is not None else None,
             ctor=ray.get(ctor) if ctor is not None else None,
         )
         self.writer = PartWriter(output) if output is not None else None
@@ -206,8 +214,11 @@ class RayEngine:
         if spec is not None:
             inputs = list(spec.inputs or plan.read_columns or plan.source.schema().names)
             dataset = dataset.map_batches(
-                _PreprocessTask(spec, inputs, plan.carryover, stats), batch_size=None,
-                batch_format="pyarrow", num_cpus=min(spec.cpus, 1.0), zero_copy_batch=True,
+                _PreprocessTask(spec, inputs, plan.carryover, stats),
+                batch_size=None,
+                batch_format="pyarrow",
+                num_cpus=min(spec.cpus, 1.0),
+                zero_copy_batch=True,
             )
         for i, (stage, res) in enumerate(zip(plan.stages, resources, strict=True)):
             last = i == len(plan.stages) - 1
@@ -215,7 +226,11 @@ class RayEngine:
         return dataset
 
     def _model_stage(
-        self, dataset: Any, stage: StagePlan, res: StageResources, output: Output | None,
+        self,
+        dataset: Any,
+        stage: StagePlan,
+        res: StageResources,
+        output: Output | None,
         stats: Any,
     ) -> Any:
         import ray
@@ -223,8 +238,12 @@ class RayEngine:
         model = stage.model
         target = None if isinstance(model.fn, str) else ray.put(model.fn)
         ctor = ray.put((model.args, dict(model.kwargs))) if model.args or model.kwargs else None
-        stub = replace(model, fn=model.fn if isinstance(model.fn, str) else "<object store>",
-                       args=(), kwargs={})
+        stub = replace(
+            model,
+            fn=model.fn if isinstance(model.fn, str) else "<object store>",
+            args=(),
+            kwargs={},
+        )
         remote_args: dict[str, Any] = {"num_cpus": res.cpus}
         if res.gpus:
             remote_args["num_gpus"] = res.gpus
@@ -232,9 +251,17 @@ class RayEngine:
             remote_args["memory"] = res.memory
         return dataset.map_batches(
             _ModelActor,
-            fn_constructor_kwargs={"model": stub, "inputs": list(stage.inputs), "target": target,
-                                   "ctor": ctor, "output": output, "stats": stats},
-            batch_size=stage.batch_rows, batch_format="pyarrow", zero_copy_batch=True,
+            fn_constructor_kwargs={
+                "model": stub,
+                "inputs": list(stage.inputs),
+                "target": target,
+                "ctor": ctor,
+                "output": output,
+                "stats": stats,
+            },
+            batch_size=stage.batch_rows,
+            batch_format="pyarrow",
+            zero_copy_batch=True,
             compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
             **remote_args,
         )
@@ -277,4 +304,3 @@ def _unwrap(exc: Exception) -> Exception:
     if isinstance(cause, ChuteError):
         return cause
     return ChuteError(f"a Ray task failed: {exc}")
-

@@ -65,14 +65,17 @@ def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources
     _check_memory(models, cluster)
     budget = cluster.cpus - cluster.reserve
     cpus = [m.resources.cpus or DEFAULT_ACTOR_CPUS for m in models]
-    sizes = [_max_size(m, c, budget / len(models), cluster) for m, c in zip(models, cpus, strict=True)]
+    sizes = [
+        _max_size(m, c, budget / len(models), cluster) for m, c in zip(models, cpus, strict=True)
+    ]
     needed = sum(c * n for c, n in zip(cpus, sizes, strict=True))
     notes = [""] * len(models)
     if needed > budget + 1e-9:
         cpus, notes = _scale(models, cpus, sizes, budget)
     return [
-        StageResources(m.name, round(c, 4), m.resources.gpus, m.resources.memory,
-                       m.pool.min, n, note)
+        StageResources(
+            m.name, round(c, 4), m.resources.gpus, m.resources.memory, m.pool.min, n, note
+        )
         for m, c, n, note in zip(models, cpus, sizes, notes, strict=True)
     ]
 
@@ -104,11 +107,13 @@ def _scale(
             "sizes or the cpus per model, or use a bigger cluster."
         )
     factor = (budget - fixed) / flexible
-    scaled = [c if m.resources.cpus is not None else c * factor
-              for m, c in zip(models, cpus, strict=True)]
-    notes = ["" if m.resources.cpus is not None else
-             f"cpus scaled to {c:.3g} so that reads keep a CPU"
-             for m, c in zip(models, scaled, strict=True)]
+    scaled = [
+        c if m.resources.cpus is not None else c * factor for m, c in zip(models, cpus, strict=True)
+    ]
+    notes = [
+        "" if m.resources.cpus is not None else f"cpus scaled to {c:.3g} so that reads keep a CPU"
+        for m, c in zip(models, scaled, strict=True)
+    ]
     return scaled, notes
 
 

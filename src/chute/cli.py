@@ -1,0 +1,189 @@
+"""The ``chute`` command line. Commands parse their options and delegate; errors become a
+message and the exit code of their :class:`~chute.errors.ChuteError` class."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from chute.errors import ChuteError
+from chute.job import Job, Pool
+from chute.report import Report
+
+F = TypeVar("F", bound=Callable[..., Any])
+INTERRUPTED = 130
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn chute errors into a one-paragraph message and their exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ChuteError as exc:
+            errors.print(f"[bold red]error:[/] {exc}", highlight=False)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            errors.print(
+                "[bold yellow]interrupted.[/] Committed units are kept in the output's ledger; "
+                "run the same command again to resume."
+            )
+            sys.exit(INTERRUPTED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="chute")
+def main() -> None:
+    """chute: offline batch inference, streaming and resumable, in one process or on Ray."""
+
+
+def job_options(fn: F) -> F:
+    """The overrides every job command accepts."""
+    options = [
+        click.option("--input", "input_path", help="Replace the job's input path or glob."),
+        click.option("--output", "output_path", help="Replace the job's output location."),
+        click.option("--batch-size", help="Batch size for every model: rows, or a size like 8MiB."),
+        click.option("--pool", type=click.IntRange(min=1), help="Fixed pool size for every model."),
+        click.option(
+            "--engine", type=click.Choice(["auto", "local", "ray"]), help="Engine to use."
+        ),
+        click.option("--address", envvar="RAY_ADDRESS", help="Ray cluster address (implies ray)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _load(job_file: str, **opts: Any) -> Job:
+    from chute.config import load_job
+
+    pool = opts.get("pool")
+    return load_job(
+        job_file,
+        input=opts.get("input_path"),
+        output=opts.get("output_path"),
+        batch_size=opts.get("batch_size"),
+        pool=Pool.fixed(pool) if pool else None,
+        engine=opts.get("engine"),
+        address=opts.get("address"),
+    )
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@job_options
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    help="Try the job on its first N rows and print a few output rows; nothing is written.",
+)
+@click.option("--overwrite", is_flag=True, help="Discard what the output location holds.")
+@click.option("-v", "--verbose", is_flag=True, help="Show Ray's own progress bars and logs.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@handle_errors
+def run(
+    job_file: str, limit: int | None, overwrite: bool, verbose: bool, quiet: bool, **opts: Any
+) -> None:
+    """Run the job in JOB_FILE (YAML), resuming if its output holds part of it."""
+    job = _load(job_file, **opts)
+    report = job.run(progress=not quiet, overwrite=overwrite, verbose=verbose, limit=limit)
+    if limit is not None:
+        _print_sample(report, limit)
+        return
+    console.print(report.render())
+
+
+def _print_sample(report: Report, limit: int) -> None:
+    result = report.result
+    if result is None:
+        return
+    sample = result.slice(0, 5).to_pylist()
+    table = Table(title=f"first rows of {result.num_rows:,} (--limit {limit}; nothing written)")
+    for name in result.column_names:
+        table.add_column(name)
+    for row in sample:
+        table.add_row(*(str(v) for v in row.values()))
+    console.print(table)
+    console.print("Run without --limit for the full job.")
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@job_options
+@handle_errors
+def validate(job_file: str, **opts: Any) -> None:
+    """Check JOB_FILE and the columns it names against the data's schema; run nothing."""
+    from chute.plan import build_plan
+
+    plan = build_plan(_load(job_file, **opts))
+    console.print(
+        f"[green]ok[/]: {job_file} is valid — {len(plan.units)} unit(s), "
+        f"{len(plan.stages)} model(s)."
+    )
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@job_options
+@handle_errors
+def plan(job_file: str, **opts: Any) -> None:
+    """Show what the job would run: units, rows, stages, resources, pools."""
+    from chute.planview import render_plan
+
+    console.print(render_plan(_load(job_file, **opts)))
+
+
+@main.command()
+@click.argument("output")
+@handle_errors
+def status(output: str) -> None:
+    """Show what an output location holds: units done, rows, whether the run finished."""
+    from chute.planview import render_status
+
+    console.print(render_status(output))
+
+
+@main.command()
+@click.option(
+    "--dir",
+    "directory",
+    default="chute-demo",
+    show_default=True,
+    help="Where the generated data and the results go.",
+)
+@click.option(
+    "--rows",
+    type=click.IntRange(min=12),
+    default=None,
+    help="Rows to generate (default: 1,710,629, as in the 2009 taxi sample).",
+)
+@click.option("--engine", type=click.Choice(["auto", "local", "ray"]), default="auto")
+@click.option("-v", "--verbose", is_flag=True, help="Show Ray's own progress bars and logs.")
+@handle_errors
+def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
+    """Generate a synthetic NYC-taxi dataset and run the tip model over it."""
+    from chute.demo import TOTAL_ROWS, demo_job
+
+    total = rows or TOTAL_ROWS
+    console.print(f"Generating {total:,} taxi trips in {os.path.join(directory, 'taxi')} ...")
+    job = demo_job(directory, engine=engine, rows=total)
+    report = job.run(progress=True, overwrite=True, verbose=verbose)
+    console.print(report.render())
+    assert job.output is not None
+    console.print(
+        f"Results: {job.output.path}  (report: "
+        f"{os.path.join(job.output.path, '_chute', 'report.json')})"
+    )

@@ -1,0 +1,260 @@
+"""YAML job files → :class:`~chute.job.Job`, with errors that point at the offending key.
+
+Relative paths (input, output, and ``file.py:name`` model references) are resolved
+against the directory of the job file, so a job runs the same from any working directory.
+
+.. code-block:: yaml
+
+    input: {path: data/taxi/, format: parquet}
+    carryover: [trip_id]
+    models:
+      - name: tip
+        fn: chute.demo:tip_model
+        inputs: [passenger_count]
+        batch_size: 16384          # rows, or a size such as "8MiB"
+        resources: {cpus: 1, gpus: 0, memory: 2GiB}
+        pool: {min: 1, max: 4}     # or an int: a fixed size
+    output: {path: out/, format: parquet}
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from chute.errors import ChuteError, ConfigError, did_you_mean
+from chute.job import (
+    BatchSize,
+    Job,
+    Model,
+    Pool,
+    Preprocess,
+    Resources,
+    Sink,
+    parse_bytes,
+)
+from chute.sources import FileSource
+
+Format = Literal["parquet", "csv", "jsonl"]
+Fmt = Literal["pyarrow", "pandas", "numpy"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResourcesConfig(_Strict):
+    cpus: float | None = Field(default=None, gt=0)
+    gpus: float = Field(default=0.0, ge=0)
+    memory: int | str | None = None
+
+
+class PoolConfig(_Strict):
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+
+class ModelConfig(_Strict):
+    name: str
+    fn: str
+    inputs: list[str] | None = None
+    batch_format: Fmt = "pyarrow"
+    batch_size: int | str = 16_384
+    resources: ResourcesConfig = ResourcesConfig()
+    pool: PoolConfig = PoolConfig()
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+
+
+class PreprocessConfig(_Strict):
+    fn: str
+    inputs: list[str] | None = None
+    batch_format: Fmt = "pyarrow"
+    cpus: float = Field(default=1.0, gt=0)
+
+
+class InputConfig(_Strict):
+    path: str | list[str]
+    format: Format | None = None
+
+
+class OutputConfig(_Strict):
+    path: str
+    format: Format = "parquet"
+
+
+class JobConfig(_Strict):
+    input: InputConfig
+    models: list[ModelConfig] = Field(min_length=1)
+    carryover: list[str] = []
+    preprocess: PreprocessConfig | None = None
+    output: OutputConfig
+    engine: Literal["auto", "local", "ray"] = "auto"
+    address: str | None = None
+
+
+def load_job(path: str, **overrides: Any) -> Job:
+    """Read a YAML job file; ``overrides`` (input, output, batch_size, pool, engine,
+    address) replace what the file says."""
+    raw = read_yaml(path)
+    return job_from_dict(raw, base=os.path.dirname(os.path.abspath(path)), **overrides)
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"job file {path!r} does not exist.") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"job file {path!r} is not valid YAML{where}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"job file {path!r} must be a mapping with input, models and output.")
+    return raw
+
+
+def job_from_dict(raw: dict[str, Any], base: str = ".", **overrides: Any) -> Job:
+    """Validate a job description (as read from YAML) and build the Job."""
+    try:
+        config = JobConfig.model_validate(_expand_shorthands(raw))
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc)) from exc
+    try:
+        return _build(config, base, {k: v for k, v in overrides.items() if v is not None})
+    except ChuteError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _expand_shorthands(raw: dict[str, Any]) -> dict[str, Any]:
+    """``input: path`` → ``input: {path: path}``; ``pool: 2`` → ``pool: {min: 2, max: 2}``."""
+    raw = dict(raw)
+    for key in ("input", "output"):
+        if isinstance(raw.get(key), (str, list)):
+            raw[key] = {"path": raw[key]}
+    models = raw.get("models")
+    if isinstance(models, list):
+        raw["models"] = [_expand_pool(m) for m in models]
+    return raw
+
+
+def _expand_pool(model: Any) -> Any:
+    if isinstance(model, dict) and isinstance(model.get("pool"), int):
+        return {**model, "pool": {"min": model["pool"], "max": model["pool"]}}
+    return model
+
+
+def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
+    source, output = config.input, config.output
+    paths = overrides.get("input", source.path)
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    return Job(
+        source=FileSource([_resolve(p, base) for p in paths], source.format),
+        models=tuple(_model(i, m, base, overrides) for i, m in enumerate(config.models)),
+        output=Sink(_resolve(overrides.get("output", output.path), base), output.format),
+        carryover=tuple(config.carryover),
+        preprocess=_preprocess(config.preprocess, base),
+        engine=overrides.get("engine", config.engine),
+        address=overrides.get("address", config.address),
+    )
+
+
+def _preprocess(config: PreprocessConfig | None, base: str) -> Preprocess | None:
+    if config is None:
+        return None
+    inputs = tuple(config.inputs) if config.inputs is not None else None
+    return Preprocess(_resolve_fn(config.fn, base), inputs, config.batch_format, config.cpus)
+
+
+def _model(index: int, config: ModelConfig, base: str, overrides: dict[str, Any]) -> Model:
+    try:
+        return _make_model(config, base, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"models[{index}] ({config.name}): {exc}") from exc
+
+
+def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Model:
+    pool = overrides.get("pool", config.pool)
+    res = config.resources
+    return Model(
+        name=config.name,
+        fn=_resolve_fn(config.fn, base),
+        inputs=tuple(config.inputs) if config.inputs is not None else None,
+        batch_format=config.batch_format,
+        batch_size=BatchSize.parse(overrides.get("batch_size", config.batch_size)),
+        resources=Resources(
+            cpus=res.cpus,
+            gpus=res.gpus,
+            memory=parse_bytes(res.memory) if res.memory is not None else None,
+        ),
+        pool=Pool.fixed(pool) if isinstance(pool, int) else Pool(pool.min, pool.max),
+        args=tuple(config.args),
+        kwargs=dict(config.kwargs),
+    )
+
+
+def _resolve(path: str, base: str) -> str:
+    if "://" in path or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(base, path))
+
+
+def _resolve_fn(target: str, base: str) -> str:
+    module, sep, attr = target.rpartition(":")
+    if sep and module.endswith(".py"):
+        return f"{_resolve(module, base)}:{attr}"
+    return target
+
+
+def format_errors(exc: ValidationError) -> str:
+    """One line per problem: the key's path, what is wrong and what is allowed."""
+    lines = [f"the job file has {exc.error_count()} problem(s):"]
+    for error in exc.errors():
+        loc = _loc(error["loc"])
+        if error["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key.{_known_keys(error['loc'])}")
+        elif error["type"] == "missing":
+            lines.append(f"  {loc}: required key is missing.")
+        else:
+            lines.append(f"  {loc}: {error['msg']} (got {error.get('input')!r}).")
+    return "\n".join(lines)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
+        else:
+            parts.append(str(item))
+    return ".".join(parts) or "(top level)"
+
+
+def _known_keys(loc: tuple[int | str, ...]) -> str:
+    schema: type[BaseModel] | None = JobConfig
+    for item in loc[:-1]:
+        if schema is None or isinstance(item, int):
+            continue
+        field = schema.model_fields.get(str(item))
+        schema = _model_of(field.annotation) if field else None
+    if schema is None:
+        return ""
+    allowed = list(schema.model_fields)
+    return f"{did_you_mean(str(loc[-1]), allowed)} Allowed keys: {', '.join(allowed)}."
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        inner = getattr(candidate, "__args__", None)
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+        for arg in inner or ():
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+    return None

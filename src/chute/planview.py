@@ -1,0 +1,116 @@
+"""What ``chute plan`` and ``chute status`` print."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.fs as pafs
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from chute.engines.resources import Cluster, StageResources, plan_resources
+from chute.errors import JobStateError
+from chute.job import Job
+from chute.ledger import META_DIR, SUCCESS, Ledger
+from chute.plan import Plan, build_plan
+from chute.sinks import output_filesystem
+
+
+def stage_resources(plan: Plan) -> tuple[list[StageResources], str]:
+    """Resources per model stage as the chosen engine would give them, and on what basis."""
+    models = [s.model for s in plan.stages]
+    if plan.engine == "local":
+        return [
+            StageResources(
+                m.name,
+                m.resources.cpus or 1.0,
+                m.resources.gpus,
+                m.resources.memory,
+                _local_replicas(m.pool.min, m.pool.max),
+                _local_replicas(m.pool.min, m.pool.max),
+            )
+            for m in models
+        ], "the local engine: replicas are threads in this process"
+    if plan.job.address or os.environ.get("RAY_ADDRESS"):
+        from chute.engines.ray import cluster, init_ray
+
+        init_ray(plan.job.address, verbose=False)
+        found = cluster()
+        return plan_resources(
+            models, found
+        ), f"Ray cluster with {found.cpus:g} CPUs, {found.gpus:g} GPUs"
+    here = Cluster(cpus=float(os.cpu_count() or 1))
+    return plan_resources(models, here), f"a local Ray on this machine ({here.cpus:g} CPUs)"
+
+
+def _local_replicas(low: int, high: int | None) -> int:
+    return high if high is not None else low
+
+
+def render_plan(job: Job) -> RenderableType:
+    plan = build_plan(job)
+    resources, basis = stage_resources(plan)
+    rows = plan.total_rows
+    head = Table(show_header=False, title="chute plan", title_justify="left")
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("engine", f"{plan.engine} — {plan.engine_reason}")
+    head.add_row(
+        "input",
+        json.dumps(job.source.describe().get("format", ""))
+        + f", {len(plan.units)} unit(s), "
+        + (f"{rows:,} rows" if rows is not None else "rows unknown until read"),
+    )
+    head.add_row("columns read", ", ".join(plan.read_columns) if plan.read_columns else "all")
+    head.add_row("carryover", ", ".join(plan.carryover) or "(none)")
+    head.add_row("output", f"{job.output.path} ({job.output.format})" if job.output else "memory")
+    stages = Table(title=f"model stages (resources for {basis})", title_justify="left")
+    for col in ("model", "inputs", "batch rows", "format", "cpus", "gpus", "memory", "pool"):
+        stages.add_column(col, overflow="fold")
+    notes = []
+    for stage, res in zip(plan.stages, resources, strict=True):
+        stages.add_row(
+            stage.model.name,
+            ", ".join(stage.inputs),
+            f"{stage.batch_rows:,}",
+            stage.batch_format,
+            f"{res.cpus:g}",
+            f"{res.gpus:g}",
+            f"{res.memory / 2**30:.1f} GiB" if res.memory else "-",
+            f"{res.min}" if res.min == res.max else f"{res.min}–{res.max}",
+        )
+        if res.note:
+            notes.append(Text(f"{stage.model.name}: {res.note}"))
+    return Group(head, stages, *notes)
+
+
+def render_status(output: str) -> RenderableType:
+    fs, root = output_filesystem(output)
+    if fs.get_file_info(f"{root}/{META_DIR}/job.json").type != pafs.FileType.File:
+        raise JobStateError(f"{output!r} holds no chute results (no {META_DIR}/job.json).")
+    ledger = Ledger(fs, root)
+    owner = ledger.read_json("job.json") or {}
+    entries = ledger.read_entries()
+    report = ledger.report()
+    finished = fs.get_file_info(f"{root}/{SUCCESS}").type == pafs.FileType.File
+    total = owner.get("units_total")
+    table = Table(show_header=False, title=f"chute status: {output}", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("job", str(owner.get("fingerprint")))
+    table.add_row("units committed", f"{len(entries)}" + (f" of {total}" if total else ""))
+    if total:
+        table.add_row("units pending", str(total - len(entries)))
+    table.add_row("rows committed", f"{sum(e['rows'] for e in entries.values()):,}")
+    table.add_row("finished", "yes" if finished else "no — run the job again to resume")
+    parts: list[RenderableType] = [table]
+    if report:
+        parts.append(
+            Text(
+                f"last report: {report.get('rows_out', 0):,} rows in "
+                f"{report.get('wall_seconds', 0):.2f} s on {report.get('engine')}"
+            )
+        )
+    return Group(*parts)

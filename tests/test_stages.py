@@ -1,0 +1,470 @@
+"""Stage logic without any engine: row keys, model loading, batch formats and outputs."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from chute import ConfigError, Model, ModelError, Preprocess
+from chute.stages import (
+    KEY,
+    ROW_BITS,
+    ModelStage,
+    PreprocessStage,
+    decode,
+    import_string,
+    tag,
+    to_columns,
+)
+
+# -- row keys ----------------------------------------------------------------------------
+
+
+def _keys(table: pa.Table) -> np.ndarray:
+    return table.column(KEY).to_numpy()
+
+
+@pytest.mark.parametrize(
+    ("unit", "start", "n", "unit_rows"),
+    [
+        pytest.param(0, 0, 5, 5, id="whole-unit"),
+        pytest.param(3, 0, 4, 10, id="first-slice"),
+        pytest.param(3, 6, 4, 10, id="last-slice"),
+        pytest.param(7, 2, 3, None, id="total-unknown"),
+        pytest.param(2**20, 2**39, 3, 2**39 + 3, id="large-indexes"),
+        pytest.param(1, 0, 1, 1, id="single-row"),
+    ],
+)
+def test_tag_decode_round_trip(unit: int, start: int, n: int, unit_rows: int | None) -> None:
+    table = tag(pa.table({"x": np.arange(n)}), unit, start, unit_rows)
+    assert table.column_names == ["x", KEY]
+    assert table.schema.field(KEY).type == pa.int64()
+    units, rows, last = decode(_keys(table))
+    assert units.tolist() == [unit] * n
+    assert rows.tolist() == list(range(start, start + n))
+    is_last = unit_rows is not None and start + n == unit_rows
+    assert last.tolist() == [False] * (n - 1) + [is_last]
+
+
+def test_only_the_last_row_of_a_unit_is_marked() -> None:
+    table = tag(pa.table({"x": np.arange(3)}), 5, 0, 3)
+    keys = _keys(table)
+    assert (keys[:2] >= 0).all()
+    assert keys[2] == -((5 << ROW_BITS) + 2) - 1
+
+
+def test_tag_empty_table() -> None:
+    table = tag(pa.table({"x": pa.array([], pa.int64())}), 1, 0, 0)
+    assert table.num_rows == 0
+    assert table.column_names == ["x", KEY]
+
+
+def test_keys_of_different_units_never_collide() -> None:
+    a = _keys(tag(pa.table({"x": np.arange(4)}), 0, 0, 4))
+    b = _keys(tag(pa.table({"x": np.arange(4)}), 1, 0, 4))
+    assert not set(a.tolist()) & set(b.tolist())
+
+
+# -- loading models ----------------------------------------------------------------------
+
+
+def _batch(n: int = 4) -> pa.Table:
+    table = pa.table(
+        {
+            "x": np.arange(n, dtype=np.int64),
+            "y": np.arange(n, dtype=np.float64) / 2,
+            "name": [f"r{i}" for i in range(n)],
+        }
+    )
+    return tag(table, 0, 0, n)
+
+
+def double_x(batch: pa.Table) -> dict[str, Any]:
+    return {"double": np.asarray(batch.column("x")) * 2}
+
+
+class Counting:
+    """A model class that records how often it was constructed."""
+
+    constructed = 0
+
+    def __init__(self, offset: int, *, scale: int = 1) -> None:
+        type(self).constructed += 1
+        self.offset = offset
+        self.scale = scale
+
+    def __call__(self, batch: pa.Table) -> np.ndarray:
+        return np.asarray(batch.column("x")) * self.scale + self.offset
+
+
+def test_function_model() -> None:
+    stage = ModelStage(Model("m", double_x), ["x"])
+    out = stage(_batch())
+    assert out.column("m_double").to_pylist() == [0, 2, 4, 6]
+    assert out.column_names == ["x", "y", "name", KEY, "m_double"]
+    assert _keys(out).tolist() == _keys(_batch()).tolist()
+
+
+def test_class_model_is_constructed_once_with_its_arguments() -> None:
+    Counting.constructed = 0
+    model = Model("m", Counting, args=(10,), kwargs={"scale": 3})
+    stage = ModelStage(model, ["x"])
+    assert Counting.constructed == 1
+    first = stage(_batch())
+    second = stage(_batch(2))
+    assert Counting.constructed == 1
+    assert first.column("m").to_pylist() == [10, 13, 16, 19]
+    assert second.column("m").to_pylist() == [10, 13]
+    assert (stage.clock.batches, stage.clock.rows) == (2, 6)
+
+
+def test_ctor_override_replaces_model_arguments() -> None:
+    Counting.constructed = 0
+    model = Model("m", Counting, args=(10,))
+    stage = ModelStage(model, ["x"], target=Counting, ctor=((100,), {"scale": 0}))
+    assert stage(_batch(2)).column("m").to_pylist() == [100, 100]
+    assert Counting.constructed == 1
+
+
+def test_callable_instance_model_is_used_as_is() -> None:
+    Counting.constructed = 0
+    instance = Counting(5)
+    stage = ModelStage(Model("m", instance), ["x"])
+    assert Counting.constructed == 1
+    assert stage(_batch(3)).column("m").to_pylist() == [5, 6, 7]
+
+
+def test_class_constructor_failure_is_a_model_error() -> None:
+    class Broken:
+        def __init__(self) -> None:
+            raise RuntimeError("weights missing")
+
+    with pytest.raises(ModelError, match=r"model 'm' failed to load: RuntimeError\('weights missing'\)"):
+        ModelStage(Model("m", Broken), ["x"])
+
+
+def test_args_for_a_function_are_refused() -> None:
+    with pytest.raises(ConfigError, match="args/kwargs are constructor arguments"):
+        ModelStage(Model("m", double_x, args=(1,)), ["x"])
+
+
+def test_non_callable_target_is_refused() -> None:
+    with pytest.raises(ConfigError, match="is not callable"):
+        ModelStage(Model("m", 42), ["x"])  # type: ignore[arg-type]
+
+
+def test_class_without_call_is_refused() -> None:
+    class NoCall:
+        pass
+
+    with pytest.raises(ConfigError, match="NoCall has no __call__"):
+        ModelStage(Model("m", NoCall), ["x"])
+
+
+_names = (f"chute_test_mod_{i}" for i in itertools.count())
+
+
+@pytest.fixture
+def module_name() -> Iterator[str]:
+    """A fresh module name, removed from sys.modules and sys.path afterwards."""
+    name = next(_names)
+    saved_path = list(sys.path)
+    yield name
+    sys.path[:] = saved_path
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+
+
+MODULE_SOURCE = textwrap.dedent(
+    """
+    import numpy as np
+
+    def triple(batch):
+        return {"t": np.asarray(batch.column("x")) * 3}
+
+    class Add:
+        def __init__(self, n):
+            self.n = n
+
+        def __call__(self, batch):
+            return np.asarray(batch.column("x")) + self.n
+    """
+)
+
+
+def test_import_string_package_module(
+    tmp_path: Path, module_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / module_name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text(MODULE_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stage = ModelStage(Model("m", f"{module_name}.models:triple"), ["x"])
+    assert stage(_batch(3)).column("m_t").to_pylist() == [0, 3, 6]
+    cls_stage = ModelStage(Model("k", f"{module_name}.models:Add", args=(1,)), ["x"])
+    assert cls_stage(_batch(3)).column("k").to_pylist() == [1, 2, 3]
+
+
+def test_import_string_file_path(tmp_path: Path, module_name: str) -> None:
+    path = tmp_path / f"{module_name}.py"
+    path.write_text(MODULE_SOURCE)
+    stage = ModelStage(Model("m", f"{path}:triple"), ["x"])
+    assert stage(_batch(3)).column("m_t").to_pylist() == [0, 3, 6]
+    assert import_string(f"{path}:Add") is import_string(f"{path}:Add")  # loaded once
+
+
+def test_import_string_relative_file_path(
+    tmp_path: Path, module_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / f"{module_name}.py").write_text(MODULE_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    stage = ModelStage(Model("m", f"models/{module_name}.py:Add", args=(10,)), ["x"])
+    assert stage(_batch(2)).column("m").to_pylist() == [10, 11]
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        pytest.param("no_colon_here", "write it as 'package.module:name'", id="no-colon"),
+        pytest.param("pkg.mod:", "write it as 'package.module:name'", id="no-attr"),
+        pytest.param(":attr", "write it as 'package.module:name'", id="no-module"),
+        pytest.param("chute_no_such_module_xyz:fn", "cannot import 'chute_no_such_module_xyz'",
+                     id="missing-module"),
+        pytest.param("chute.demo:no_such_attr", "has no attribute 'no_such_attr'",
+                     id="missing-attr"),
+        pytest.param("/nonexistent/dir/model.py:fn", "cannot import '/nonexistent/dir/model.py'",
+                     id="missing-file"),
+    ],
+)  # fmt: skip
+def test_import_string_errors(target: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        import_string(target)
+
+
+def test_import_string_existing_module() -> None:
+    from chute.demo import tip_model
+
+    assert import_string("chute.demo:tip_model") is tip_model
+
+
+# -- batch formats -----------------------------------------------------------------------
+
+
+def _fsl_batch() -> pa.Table:
+    flat = pa.array(np.arange(6, dtype=np.float32))
+    table = pa.table({"x": np.arange(3), "v": pa.FixedSizeListArray.from_arrays(flat, 2)})
+    return tag(table, 0, 0, 3)
+
+
+def test_pyarrow_batch_format() -> None:
+    seen: list[Any] = []
+
+    def fn(batch: Any) -> Any:
+        seen.append(batch)
+        return np.zeros(batch.num_rows)
+
+    ModelStage(Model("m", fn, batch_format="pyarrow"), ["x", "v"])(_fsl_batch())
+    assert isinstance(seen[0], pa.Table)
+    assert seen[0].column_names == ["x", "v"]
+
+
+def test_pandas_batch_format() -> None:
+    seen: list[Any] = []
+
+    def fn(batch: Any) -> Any:
+        seen.append(batch)
+        return batch["x"] + 1
+
+    out = ModelStage(Model("m", fn, batch_format="pandas"), ["x"])(_fsl_batch())
+    assert isinstance(seen[0], pd.DataFrame)
+    assert list(seen[0].columns) == ["x"]
+    assert out.column("m").to_pylist() == [1, 2, 3]
+
+
+def test_numpy_batch_format() -> None:
+    seen: list[Any] = []
+
+    def fn(batch: Any) -> Any:
+        seen.append(batch)
+        return batch["v"].sum(axis=1)
+
+    out = ModelStage(Model("m", fn, batch_format="numpy"), ["x", "v"])(_fsl_batch())
+    batch = seen[0]
+    assert isinstance(batch, dict)
+    assert set(batch) == {"x", "v"}
+    assert all(isinstance(v, np.ndarray) for v in batch.values())
+    assert batch["v"].shape == (3, 2)
+    assert batch["v"].dtype == np.float32
+    assert out.column("m").to_pylist() == [1.0, 5.0, 9.0]
+
+
+def test_model_sees_only_its_inputs() -> None:
+    seen: list[list[str]] = []
+
+    def fn(batch: pa.Table) -> Any:
+        seen.append(batch.column_names)
+        return np.asarray(batch.column("y")) + 1
+
+    out = ModelStage(Model("m", fn), ["y"])(_batch())
+    assert seen == [["y"]]
+    assert out.column_names == ["x", "y", "name", KEY, "m"]
+    assert out.column("x").to_pylist() == [0, 1, 2, 3]
+    assert out.column("name").to_pylist() == ["r0", "r1", "r2", "r3"]
+
+
+def test_model_exception_becomes_model_error() -> None:
+    def fn(batch: Any) -> Any:
+        raise KeyError("pasenger_count")
+
+    with pytest.raises(ModelError, match=r"model 'm' raised KeyError: 'pasenger_count'") as info:
+        ModelStage(Model("m", fn), ["x"])(_batch())
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+# -- output normalisation ----------------------------------------------------------------
+
+
+def _run(out: Any, n: int = 4, name: str = "m") -> pa.Table:
+    return ModelStage(Model(name, lambda batch: out), ["x"])(_batch(n))
+
+
+def _added(table: pa.Table) -> list[str]:
+    return table.column_names[4:]
+
+
+def test_dict_output_gets_prefixed_columns() -> None:
+    table = _run({"score": np.ones(4), "label": ["a", "b", "c", "d"]}, name="tip")
+    assert _added(table) == ["tip_score", "tip_label"]
+    assert table.column("tip_label").to_pylist() == ["a", "b", "c", "d"]
+
+
+def test_single_array_gets_the_bare_model_name() -> None:
+    table = _run(np.arange(4, dtype=np.float32), name="tip")
+    assert _added(table) == ["tip"]
+    assert table.schema.field("tip").type == pa.float32()
+
+
+def test_list_output_is_a_single_column() -> None:
+    assert _run([1, 2, 3, 4]).column("m").to_pylist() == [1, 2, 3, 4]
+
+
+def test_2d_array_becomes_fixed_size_list() -> None:
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    table = _run({"emb": values})
+    field = table.schema.field("m_emb")
+    assert pa.types.is_fixed_size_list(field.type)
+    assert field.type.list_size == 3
+    assert field.type.value_type == pa.float32()
+    assert table.column("m_emb").to_pylist()[1] == [3.0, 4.0, 5.0]
+
+
+def test_non_contiguous_2d_array_keeps_rows() -> None:
+    values = np.arange(12, dtype=np.int64).reshape(3, 4).T  # Fortran order, shape (4, 3)
+    table = _run(values)
+    assert table.column("m").to_pylist() == values.tolist()
+
+
+def test_dataframe_output_gets_prefixed_columns() -> None:
+    frame = pd.DataFrame({"a": [1, 2, 3, 4], "b": [0.5, 1.5, 2.5, 3.5]})
+    table = _run(frame)
+    assert _added(table) == ["m_a", "m_b"]
+    assert table.column("m_b").to_pylist() == [0.5, 1.5, 2.5, 3.5]
+
+
+def test_arrow_table_and_arrays_output() -> None:
+    out = pa.table({"a": pa.chunked_array([[1, 2], [3, 4]]), "b": pa.array(["w", "x", "y", "z"])})
+    table = _run(out)
+    assert _added(table) == ["m_a", "m_b"]
+    assert table.column("m_a").to_pylist() == [1, 2, 3, 4]
+    assert _run(pa.array([9, 8, 7, 6])).column("m").to_pylist() == [9, 8, 7, 6]
+
+
+def test_torch_tensor_output() -> None:
+    torch = pytest.importorskip("torch")
+    out = {"p": torch.arange(4, dtype=torch.float32, requires_grad=True) * 2}
+    table = _run(out)
+    assert table.column("m_p").to_pylist() == [0.0, 2.0, 4.0, 6.0]
+    emb = _run(torch.ones(4, 2))
+    assert emb.schema.field("m").type.list_size == 2
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        pytest.param(np.zeros(3), id="array-short"),
+        pytest.param({"a": np.zeros(4), "b": np.zeros(5)}, id="dict-one-long"),
+        pytest.param(pd.DataFrame({"a": [1]}), id="dataframe-short"),
+        pytest.param(np.zeros((2, 8)), id="2d-short"),
+    ],
+)
+def test_wrong_length_is_a_clear_model_error(out: Any) -> None:
+    with pytest.raises(ModelError) as info:
+        _run(out)
+    text = str(info.value)
+    assert text.startswith("model 'm' returned")
+    assert "but the batch has 4 rows: return one value per input row." in text
+
+
+def test_wrong_length_message_names_the_column() -> None:
+    with pytest.raises(ModelError, match=r"returned 5 values for column 'm_b' but the batch has 4"):
+        _run({"a": np.zeros(4), "b": np.zeros(5)})
+
+
+def test_unconvertible_output_is_a_model_error() -> None:
+    with pytest.raises(ModelError, match="cannot turn output 'm_x' into a column"):
+        _run({"x": [object(), object(), object(), object()]})
+
+
+def test_unnamed_output_without_prefix_is_refused() -> None:
+    with pytest.raises(ModelError, match="must return named columns"):
+        to_columns(np.zeros(2), None, 2, "preprocess")
+
+
+# -- preprocess --------------------------------------------------------------------------
+
+
+def test_preprocess_adds_and_replaces_columns() -> None:
+    seen: list[Any] = []
+
+    def fn(batch: pd.DataFrame) -> dict[str, Any]:
+        seen.append(batch)
+        return {"y": batch["y"] * 10, "x_sq": batch["x"] ** 2}
+
+    stage = PreprocessStage(Preprocess(fn, batch_format="pandas"), ["x", "y"], protected=["name"])
+    out = stage(_batch())
+    assert isinstance(seen[0], pd.DataFrame)
+    assert list(seen[0].columns) == ["x", "y"]
+    assert out.column_names == ["x", "y", "name", KEY, "x_sq"]
+    assert out.column("y").to_pylist() == [0.0, 5.0, 10.0, 15.0]
+    assert out.column("x_sq").to_pylist() == [0, 1, 4, 9]
+    assert _keys(out).tolist() == _keys(_batch()).tolist()
+    assert stage.clock.rows == 4
+
+
+def test_preprocess_refuses_to_replace_a_carryover_column() -> None:
+    stage = PreprocessStage(Preprocess(lambda b: {"x": np.zeros(b.num_rows)}), ["x"], ["x"])
+    with pytest.raises(ConfigError, match="preprocess returned column 'x', which is a carryover"):
+        stage(_batch())
+
+
+def test_preprocess_refuses_to_replace_the_row_key() -> None:
+    stage = PreprocessStage(Preprocess(lambda b: {KEY: np.zeros(b.num_rows)}), ["x"], [])
+    with pytest.raises(ConfigError):
+        stage(_batch())
+
+
+def test_preprocess_error_is_a_model_error() -> None:
+    stage = PreprocessStage(Preprocess(lambda b: 1 / 0), ["x"], [])
+    with pytest.raises(ModelError, match="preprocess raised ZeroDivisionError"):
+        stage(_batch())
