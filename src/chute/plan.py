@@ -42,6 +42,8 @@ class Plan:
     engine: Literal["local", "ray"]
     engine_reason: str
     pending: list[Unit] = field(default_factory=list)
+    source_columns: list[str] = field(default_factory=list)
+    """The input's columns: written only when carried over, never as model outputs."""
 
     @property
     def source(self) -> Source:
@@ -60,7 +62,10 @@ class Plan:
     @property
     def output(self) -> Output:
         return Output(
-            self.job.output, tuple(self.carryover), tuple(m.name for m in self.job.models)
+            self.job.output,
+            tuple(self.carryover),
+            tuple(m.name for m in self.job.models),
+            tuple(self.source_columns),
         )
 
     @property
@@ -91,6 +96,8 @@ class Output:
     sink: Sink | None
     carryover: tuple[str, ...]
     models: tuple[str, ...]
+    source_columns: tuple[str, ...] = ()
+    """Input columns: one named like a model output (``tip_amount``) is not one."""
 
     def columns(self, available: Sequence[str]) -> list[str]:
         """Carryover columns, then each model's outputs in model order."""
@@ -101,6 +108,7 @@ class Output:
                 for c in available
                 if (c == name or c.startswith(name + "_"))
                 and c not in self.carryover
+                and c not in self.source_columns
                 and c not in produced
                 and c != KEY
             ]
@@ -138,7 +146,9 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
         units = _limit(units, limit)
     stages = [_stage(job, m, schema, units) for m in job.models]
     engine, reason = choose_engine(job)
-    return Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
+    plan = Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
+    plan.source_columns = list(schema.names)
+    return plan
 
 
 def _carryover(job: Job, schema: pa.Schema) -> list[str]:

@@ -228,6 +228,8 @@ class FileSource:
 
     def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
         assert unit.path is not None
+        if self.format is None:
+            self.files()  # infers the format: never read Parquet as JSON
         try:
             if self.format == "parquet":
                 pf = pq.ParquetFile(self._open(unit.path))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -46,13 +47,31 @@ def init_ray(address: str | None, verbose: bool) -> None:
         # Ray Data hands every actor pool its transformer by reference, and Ray's core
         # worker logs an error line about it for each pool (ray#53727): noise for a user.
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    ray.init(
-        address=address,
-        include_dashboard=False if address is None else None,
-        log_to_driver=verbose,
-        logging_level=logging.INFO if verbose else logging.ERROR,
-        configure_logging=True,
-    )
+    with _quiet_stderr(not verbose):
+        ray.init(
+            address=address,
+            include_dashboard=False if address is None else None,
+            log_to_driver=verbose,
+            logging_level=logging.INFO if verbose else logging.ERROR,
+            configure_logging=True,
+        )
+
+
+@contextmanager
+def _quiet_stderr(quiet: bool) -> Iterator[None]:
+    """Silence what Ray's C++ core prints on file descriptor 2 while it starts."""
+    if not quiet:
+        yield
+        return
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def cluster() -> Cluster:
@@ -64,7 +83,7 @@ def cluster() -> Cluster:
 class UnitDatasource:
     """A Ray Data datasource with one read task per pending unit."""
 
-    def __new__(cls, reader: Reader, units: list[Unit]) -> Any:
+    def __new__(cls, reader: Reader, units: list[Unit], stats: Any) -> Any:
         from ray.data import Datasource, ReadTask
         from ray.data.block import BlockMetadata
 
@@ -79,7 +98,8 @@ class UnitDatasource:
             def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
                 return [
                     ReadTask(
-                        _read_fn(reader, unit), BlockMetadata(unit.rows, unit.nbytes, None, None)
+                        _read_fn(reader, unit, stats),
+                        BlockMetadata(unit.rows, unit.nbytes, None, None),
                     )
                     for unit in units
                 ]
@@ -87,9 +107,13 @@ class UnitDatasource:
         return _Units()
 
 
-def _read_fn(reader: Reader, unit: Unit) -> Callable[[], Iterator[pa.Table]]:
+def _read_fn(reader: Reader, unit: Unit, stats: Any) -> Callable[[], Iterator[pa.Table]]:
     def read() -> Iterator[pa.Table]:
-        yield from reader(unit)
+        began = time.perf_counter()
+        for batch in reader(unit):
+            stats.add.remote("read", time.perf_counter() - began, batch.num_rows)
+            yield batch
+            began = time.perf_counter()
 
     return read
 
@@ -208,7 +232,7 @@ class RayEngine:
         if isinstance(plan.source, TableSource):
             reader, units = _in_object_store(reader, units)
         dataset = ray.data.read_datasource(
-            UnitDatasource(reader, units), override_num_blocks=len(units)
+            UnitDatasource(reader, units, stats), override_num_blocks=len(units)
         )
         spec = plan.job.preprocess
         if spec is not None:

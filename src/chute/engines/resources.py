@@ -108,13 +108,19 @@ def _scale(
         )
     factor = (budget - fixed) / flexible
     scaled = [
-        c if m.resources.cpus is not None else c * factor for m, c in zip(models, cpus, strict=True)
+        c if m.resources.cpus is not None else _floor4(c * factor)
+        for m, c in zip(models, cpus, strict=True)
     ]
     notes = [
         "" if m.resources.cpus is not None else f"cpus scaled to {c:.3g} so that reads keep a CPU"
         for m, c in zip(models, scaled, strict=True)
     ]
     return scaled, notes
+
+
+def _floor4(cpus: float) -> float:
+    """Round down to Ray's 0.0001 CPU granularity: rounding up would eat the read reserve."""
+    return math.floor(cpus * 10_000 + 1e-6) / 10_000
 
 
 def _check_gpus(models: list[Model], cluster: Cluster) -> None:

@@ -1,0 +1,240 @@
+"""The command line, driven through click's CliRunner, on real files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from chute.cli import main
+from chute.demo import TOTAL_ROWS, generate
+
+JOB = """
+input: {path: taxi, format: parquet}
+carryover: [trip_id, passenger_count]
+models:
+  - name: tip
+    fn: chute.demo:tip_model
+    inputs: [passenger_count]
+    batch_format: numpy
+    batch_size: 5000
+  - name: double
+    fn: models.py:double
+    inputs: [tip_score]
+output: {path: out}
+"""
+
+MODELS = """
+import numpy as np
+
+def double(batch):
+    return np.asarray(batch["tip_score"]) * 2
+"""
+
+
+@pytest.fixture(scope="module")
+def taxi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("taxi-data") / "taxi"
+    generate(str(data), total=24_000)
+    return data
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path, taxi: Path) -> Path:
+    (tmp_path / "taxi").symlink_to(taxi)
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "models.py").write_text(MODELS)
+    return tmp_path
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    """Exit code and output, with rich's line wrapping undone."""
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, " ".join(result.output.split())
+
+
+def listing(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.timeout(120)
+def test_run_writes_every_row_with_chained_models(job_dir: Path) -> None:
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert code == 0, out
+    result = pd.read_parquet(job_dir / "out").sort_values("trip_id")
+    assert list(result.columns) == ["trip_id", "passenger_count", "tip_score", "double"]
+    assert len(result) == 24_000
+    assert result.trip_id.tolist() == list(range(24_000))
+    assert (result.double == 2 * (result.passenger_count >= 2)).all()
+    assert (job_dir / "out" / "_SUCCESS").exists()
+    assert (job_dir / "out" / "_chute" / "report.json").exists()
+    assert "rows in / out" in out
+
+
+@pytest.mark.timeout(60)
+def test_run_from_another_directory_resolves_paths_against_the_job_file(
+    job_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert code == 0, out
+    assert (job_dir / "out" / "_SUCCESS").exists()
+
+
+@pytest.mark.timeout(60)
+def test_overrides_replace_input_output_batch_size_and_pool(job_dir: Path, taxi: Path) -> None:
+    first = sorted(taxi.glob("*.parquet"))[0]
+    code, out = invoke(
+        "run",
+        str(job_dir / "job.yaml"),
+        "-q",
+        "--input",
+        str(first),
+        "--output",
+        str(job_dir / "other"),
+        "--batch-size",
+        "1000",
+        "--pool",
+        "2",
+    )
+    assert code == 0, out
+    assert len(pd.read_parquet(job_dir / "other")) == pq.read_metadata(first).num_rows
+    assert not (job_dir / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_limit_prints_rows_and_writes_nothing(job_dir: Path) -> None:
+    code, out = invoke("run", str(job_dir / "job.yaml"), "--limit", "7")
+    assert code == 0, out
+    assert "first rows of 7" in out
+    assert "tip_score" in out
+    assert not (job_dir / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_validate_and_plan_run_nothing(job_dir: Path) -> None:
+    code, out = invoke("validate", str(job_dir / "job.yaml"))
+    assert code == 0 and "is valid" in out
+    code, out = invoke("plan", str(job_dir / "job.yaml"))
+    assert code == 0, out
+    assert "12 unit(s), 24,000 rows" in out
+    assert "local" in out and "tip" in out and "double" in out
+    code, out = invoke("plan", str(job_dir / "job.yaml"), "--engine", "ray")
+    assert code == 0, out
+    assert "ray" in out and "a local Ray on this machine" in out
+    assert not (job_dir / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_status_shows_progress_of_a_location(job_dir: Path) -> None:
+    code, out = invoke("status", str(job_dir / "out"))
+    assert code == 5 and "holds no chute results" in out
+    invoke("run", str(job_dir / "job.yaml"), "-q")
+    code, out = invoke("status", str(job_dir / "out"))
+    assert code == 0, out
+    assert "12 of 12" in out and "24,000" in out and "yes" in out
+
+
+BAD_JOBS = [
+    pytest.param(
+        "enigne: local\n", "enigne: unknown key. Did you mean 'engine'?", 2, id="unknown-key"
+    ),
+    pytest.param(
+        "models:\n  - {name: tip, fn: chute.demo:tip_model, resources: {gpu: 1}}\n",
+        "models[0].resources.gpu: unknown key. Did you mean 'gpus'?",
+        2,
+        id="nested-unknown-key",
+    ),
+    pytest.param(
+        "models:\n  - {name: tip, fn: chute.demo:tip_model, batch_size: 0}\n",
+        "batch size must be > 0",
+        2,
+        id="zero-batch-size",
+    ),
+    pytest.param(
+        "models:\n  - {name: tip, fn: chute.demo:tip_model, pool: {min: 0}}\n",
+        "models[0].pool.min: Input should be greater than or equal to 1",
+        2,
+        id="bad-pool",
+    ),
+    pytest.param(
+        "models:\n  - {name: tip, fn: chute.demo:tip_model, inputs: [pasenger_count]}\n",
+        "Did you mean 'passenger_count'?",
+        2,
+        id="misspelt-column",
+    ),
+    pytest.param("carryover: [trip]\n", "Did you mean 'trip_id'?", 2, id="missing-carryover"),
+    pytest.param("input: nowhere/\n", "does not exist", 3, id="missing-input"),
+    pytest.param("models: [\n", "not valid YAML at line", 2, id="yaml-syntax"),
+]
+
+
+@pytest.mark.parametrize(("patch", "message", "code"), BAD_JOBS)
+@pytest.mark.timeout(60)
+def test_bad_jobs_fail_before_compute_and_touch_nothing(
+    job_dir: Path, patch: str, message: str, code: int
+) -> None:
+    assert invoke("run", str(job_dir / "job.yaml"), "-q")[0] == 0
+    before = listing(job_dir / "out")
+    text = JOB
+    key = patch.split(":", 1)[0]
+    if key in ("models", "carryover", "input"):
+        text = "\n".join(
+            line
+            for line in JOB.splitlines()
+            if not line.startswith(key) and not (key == "models" and line.startswith("  "))
+        )
+    (job_dir / "job.yaml").write_text(text + "\n" + patch)
+    exit_code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert exit_code == code, out
+    assert message in out
+    assert listing(job_dir / "out") == before
+
+
+@pytest.mark.timeout(60)
+def test_an_output_holding_another_job_is_refused_and_kept(job_dir: Path) -> None:
+    assert invoke("run", str(job_dir / "job.yaml"), "-q")[0] == 0
+    before = listing(job_dir / "out")
+    (job_dir / "job.yaml").write_text(JOB.replace("trip_id, passenger_count", "trip_id"))
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert code == 5, out
+    assert "different job" in out and "carryover" in out and "--overwrite" in out
+    assert listing(job_dir / "out") == before
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q", "--overwrite")
+    assert code == 0, out
+    assert list(pd.read_parquet(job_dir / "out").columns) == ["trip_id", "tip_score", "double"]
+
+
+@pytest.mark.timeout(60)
+def test_an_output_holding_foreign_files_is_refused(job_dir: Path) -> None:
+    (job_dir / "out").mkdir()
+    (job_dir / "out" / "precious.csv").write_text("a,b\n1,2\n")
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert code == 5, out
+    assert "did not write" in out
+    assert (job_dir / "out" / "precious.csv").read_text() == "a,b\n1,2\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_demo_scores_every_trip_once(
+    tmp_path_factory: pytest.TempPathFactory, engine: str, request: pytest.FixtureRequest
+) -> None:
+    if engine == "ray":
+        request.getfixturevalue("ray_session")
+    directory = tmp_path_factory.getbasetemp() / "demo"
+    code, out = invoke("demo", "--dir", str(directory), "--engine", engine)
+    assert code == 0, out
+    taxi = pd.read_parquet(directory / "taxi", columns=["trip_id", "passenger_count"])
+    scores = pd.read_parquet(directory / "tip-scores")
+    assert len(taxi) == TOTAL_ROWS == len(scores)
+    assert scores.trip_id.is_unique
+    assert set(scores.trip_id) == set(taxi.trip_id)
+    assert scores.tip_score.sum() == (taxi.passenger_count >= 2).sum()
+    assert "1,710,629 / 1,710,629" in out
+    assert len(os.listdir(directory / "taxi")) == 12

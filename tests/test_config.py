@@ -1,0 +1,112 @@
+"""YAML → Job: shorthands, path resolution, overrides and error paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chute import BatchSize, ConfigError, FileSource, Pool
+from chute.config import job_from_dict
+
+BASE: dict[str, Any] = {
+    "input": "data/",
+    "models": [{"name": "m", "fn": "models.py:Model"}],
+    "output": "out/",
+}
+
+
+def test_shorthands_expand() -> None:
+    job = job_from_dict({**BASE, "models": [{**BASE["models"][0], "pool": 3}]}, base="/jobs")
+    assert isinstance(job.source, FileSource)
+    assert job.source.paths == ["/jobs/data"]
+    assert job.output is not None and job.output.path == "/jobs/out"
+    assert job.models[0].pool == Pool.fixed(3)
+    assert job.models[0].fn == "/jobs/models.py:Model"
+
+
+def test_remote_and_absolute_paths_and_module_references_are_kept() -> None:
+    raw = {
+        **BASE,
+        "input": {"path": ["s3://bucket/a/*.parquet", "/abs/b.parquet"]},
+        "models": [{"name": "m", "fn": "pkg.module:Model"}],
+        "output": "s3://bucket/out",
+    }
+    job = job_from_dict(raw, base="/jobs")
+    assert isinstance(job.source, FileSource)
+    assert job.source.paths == ["s3://bucket/a/*.parquet", "/abs/b.parquet"]
+    assert job.output is not None and job.output.path == "s3://bucket/out"
+    assert job.models[0].fn == "pkg.module:Model"
+
+
+def test_overrides_win() -> None:
+    job = job_from_dict(
+        BASE,
+        base="/jobs",
+        input="/other/*.csv",
+        output="/o",
+        batch_size="8MiB",
+        pool=Pool.fixed(2),
+        engine="ray",
+        address="ray://head:10001",
+    )
+    assert isinstance(job.source, FileSource)
+    assert job.source.paths == ["/other/*.csv"]
+    assert job.output is not None and job.output.path == "/o"
+    assert job.models[0].batch_size == BatchSize(rows=None, bytes=8 * 2**20)
+    assert job.models[0].pool == Pool.fixed(2)
+    assert (job.engine, job.address) == ("ray", "ray://head:10001")
+
+
+def test_resources_memory_and_preprocess_parse() -> None:
+    raw = {
+        **BASE,
+        "preprocess": {"fn": "prep.py:clean", "inputs": ["a"], "cpus": 0.5},
+        "models": [
+            {"name": "m", "fn": "x:y", "resources": {"cpus": 0.5, "gpus": 0.25, "memory": "2GiB"}}
+        ],
+    }
+    job = job_from_dict(raw, base="/jobs")
+    assert job.models[0].resources.memory == 2 * 2**30
+    assert job.models[0].resources.gpus == 0.25
+    assert job.preprocess is not None
+    assert job.preprocess.fn == "/jobs/prep.py:clean" and job.preprocess.inputs == ("a",)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param(
+            {"models": BASE["models"], "output": "o"},
+            "input: required key is missing",
+            id="missing-input",
+        ),
+        pytest.param(
+            {**BASE, "models": []}, "models: List should have at least 1 item", id="no-models"
+        ),
+        pytest.param(
+            {**BASE, "models": [{"name": "m", "fn": "x:y", "batch_format": "torch"}]},
+            "models[0].batch_format: Input should be 'pyarrow', 'pandas' or 'numpy'",
+            id="bad-format",
+        ),
+        pytest.param(
+            {**BASE, "output": {"path": "o", "format": "xlsx"}},
+            "output.format: Input should be 'parquet', 'csv' or 'jsonl'",
+            id="bad-output-format",
+        ),
+        pytest.param(
+            {**BASE, "models": [{"name": "bad name", "fn": "x:y"}]},
+            "models[0] (bad name): model name 'bad name' must be an identifier",
+            id="bad-name",
+        ),
+        pytest.param(
+            {**BASE, "models": [{"name": "m", "fn": "x:y", "resources": {"memory": "lots"}}]},
+            "cannot read 'lots' as a size",
+            id="bad-memory",
+        ),
+    ],
+)
+def test_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        job_from_dict(raw)
+    assert message in str(info.value)
