@@ -243,13 +243,44 @@ def test_import_string_relative_file_path(
                      id="missing-module"),
         pytest.param("chute.demo:no_such_attr", "has no attribute 'no_such_attr'",
                      id="missing-attr"),
-        pytest.param("/nonexistent/dir/model.py:fn", "cannot import '/nonexistent/dir/model.py'",
-                     id="missing-file"),
     ],
 )  # fmt: skip
 def test_import_string_errors(target: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         import_string(target)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        pytest.param("raise RuntimeError('no weights')", "RuntimeError: no weights", id="raises"),
+        pytest.param("def broken(:\n", "SyntaxError", id="syntax-error"),
+    ],
+)
+def test_import_string_module_that_fails_is_a_model_error(
+    tmp_path: Path, module_name: str, body: str, error: str
+) -> None:
+    path = tmp_path / f"{module_name}.py"
+    path.write_text(body)
+    for _ in range(2):  # the half-run module is not cached: the second try fails the same way
+        with pytest.raises(ModelError, match=f"importing .* raised {error}"):
+            import_string(f"{path}:fn")
+    assert module_name not in sys.modules
+
+
+def test_import_string_fixed_file_is_reloaded(tmp_path: Path, module_name: str) -> None:
+    path = tmp_path / f"{module_name}.py"
+    path.write_text("raise RuntimeError('not yet')")
+    with pytest.raises(ModelError):
+        import_string(f"{path}:fn")
+    path.write_text("def fn(batch):\n    return batch\n")
+    assert callable(import_string(f"{path}:fn"))
+
+
+def test_missing_file_leaves_no_module_behind(tmp_path: Path, module_name: str) -> None:
+    with pytest.raises(ConfigError, match="No such file"):
+        import_string(f"{tmp_path / module_name}.py:fn")
+    assert module_name not in sys.modules
 
 
 def test_import_string_existing_module() -> None:
