@@ -61,7 +61,9 @@ def test_every_error_class_in_the_module_is_covered() -> None:
     ("name", "choices", "expected"),
     [
         pytest.param("fare", ["fare_amount", "tip"], "", id="too-far"),
-        pytest.param("fare_amont", ["fare_amount", "tip"], " Did you mean 'fare_amount'?", id="typo"),
+        pytest.param(
+            "fare_amont", ["fare_amount", "tip"], " Did you mean 'fare_amount'?", id="typo"
+        ),
         pytest.param("TIP", ["tip"], "", id="case-differs-too-much"),
         pytest.param("tips", ["tips_total", "tip"], " Did you mean 'tip'?", id="closest"),
         pytest.param("x", [], "", id="no-choices"),

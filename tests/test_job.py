@@ -80,7 +80,9 @@ def test_pool_fixed_and_range() -> None:
     [
         pytest.param({"min": 0}, r"pool min must be >= 1, got 0", id="zero-min"),
         pytest.param({"min": -1}, r"pool min must be >= 1", id="negative-min"),
-        pytest.param({"min": 3, "max": 2}, r"pool max \(2\) must be >= pool min \(3\)", id="max<min"),
+        pytest.param(
+            {"min": 3, "max": 2}, r"pool max \(2\) must be >= pool min \(3\)", id="max<min"
+        ),
     ],
 )
 def test_pool_rejects_bad_values(kwargs: dict[str, Any], message: str) -> None:

@@ -47,6 +47,8 @@ class Committer:
         for record in records:
             if record.unit in self.done or record.unit not in self.units:
                 continue  # a duplicate from a retried task: its part is an orphan
+            if any(p.start == record.start for p in self._parts[record.unit]):
+                continue  # these rows were already written by another attempt: an orphan
             self._parts[record.unit].append(record)
             if record.unit_rows >= 0:
                 self._totals[record.unit] = record.unit_rows

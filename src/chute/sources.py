@@ -288,7 +288,15 @@ class DatasetSource:
 
     def _blocks(self) -> list[Any]:
         if self._refs is None:
-            self._refs = list(self.dataset.materialize().to_arrow_refs())
+            from chute.engines.ray import quiet_data
+
+            options = self.dataset.context.execution_options  # a Dataset keeps its own context
+            saved, options.preserve_order = options.preserve_order, True  # blocks in input order
+            try:
+                with quiet_data(verbose=False):
+                    self._refs = list(self.dataset.materialize().to_arrow_refs())
+            finally:
+                options.preserve_order = saved
         return self._refs
 
     def schema(self) -> pa.Schema:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,13 +25,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from chute import errors
 from chute.engines.resources import Cluster, StageResources, plan_resources
 from chute.errors import ChuteError
 from chute.job import Model, Preprocess
 from chute.plan import Output, Plan, Reader, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter, records_from_table, records_to_table
-from chute.sources import TableSource, Unit
+from chute.sources import DatasetSource, TableSource, Unit
 from chute.stages import ModelStage, PreprocessStage
 
 log = logging.getLogger("chute")
@@ -120,13 +122,23 @@ def _read_fn(reader: Reader, unit: Unit, stats: Any) -> Callable[[], Iterator[pa
 
 @contextmanager
 def quiet_data(verbose: bool) -> Iterator[None]:
-    """Ray Data's own progress bars and execution logs, only with ``verbose``."""
+    """Ray Data's own progress bars and execution logs, only with ``verbose``.
+
+    Errors raised in map functions are kept as they are: wrapped in Ray Data's
+    ``UserCodeException``, the chute error inside (a ``ModelError``) would be lost, since
+    an exception's ``__cause__`` does not survive the trip back to the driver.
+    """
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    saved = (ctx.enable_progress_bars, ctx.print_on_execution_start)
+    saved = (
+        ctx.enable_progress_bars,
+        ctx.print_on_execution_start,
+        ctx.raise_original_map_exception,
+    )
     ctx.enable_progress_bars = verbose
     ctx.print_on_execution_start = verbose
+    ctx.raise_original_map_exception = True
     data_log = logging.getLogger("ray.data")
     level = data_log.level
     if not verbose:
@@ -134,7 +146,11 @@ def quiet_data(verbose: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        (
+            ctx.enable_progress_bars,
+            ctx.print_on_execution_start,
+            ctx.raise_original_map_exception,
+        ) = saved
         data_log.setLevel(level)
 
 
@@ -219,7 +235,7 @@ class RayEngine:
             try:
                 for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
                     commit(records_from_table(batch))
-            except ray.exceptions.RayTaskError as exc:
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
                 raise _unwrap(exc) from exc
         result: dict[str, StageStats] = ray.get(stats.get.remote())
         ray.kill(stats)
@@ -231,6 +247,8 @@ class RayEngine:
         reader, units = plan.reader, plan.pending
         if isinstance(plan.source, TableSource):
             reader, units = _in_object_store(reader, units)
+        elif isinstance(plan.source, DatasetSource):  # its blocks are in the store already
+            reader = Reader(ObjectStoreSource(plan.source.schema()), plan.read_columns)
         dataset = ray.data.read_datasource(
             UnitDatasource(reader, units, stats), override_num_blocks=len(units)
         )
@@ -327,4 +345,11 @@ def _unwrap(exc: Exception) -> Exception:
         cause = getattr(cause, "__cause__", None) or getattr(cause, "cause", None)
     if isinstance(cause, ChuteError):
         return cause
+    found = _CHUTE_ERROR_LINE.findall(str(exc))
+    kind = getattr(errors, found[-1][0], None) if found else None
+    if isinstance(kind, type) and issubclass(kind, ChuteError):
+        return kind(found[-1][1])  # an actor's constructor raised it: Ray keeps only its text
     return ChuteError(f"a Ray task failed: {exc}")
+
+
+_CHUTE_ERROR_LINE = re.compile(r"^chute\.errors\.(\w+): (.*)$", re.MULTILINE)

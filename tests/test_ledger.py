@@ -1,0 +1,167 @@
+"""The ledger: who owns an output location, which units are committed, what is an orphan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chute import JobStateError
+from chute.ledger import META_DIR, SUCCESS, Ledger
+
+DESCRIPTION: dict[str, Any] = {
+    "source": {"kind": "files", "files": ["a.parquet"]},
+    "models": [{"name": "tip"}],
+    "carryover": ["trip_id"],
+    "preprocess": None,
+    "format": "parquet",
+}
+
+
+def _open(out: Path, fingerprint: str = "fp1", overwrite: bool = False, **changes: Any) -> Ledger:
+    description = {**DESCRIPTION, **changes}
+    return Ledger.open(str(out), fingerprint, description, overwrite)
+
+
+def _entry(unit: str, *parts: str, rows: int = 10) -> dict[str, Any]:
+    return {"unit": unit, "index": 0, "rows": rows, "parts": list(parts)}
+
+
+def _touch(path: Path, text: str = "x") -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_open_new_directory_claims_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ledger = _open(out)
+    assert ledger.entries == {}
+    job = json.loads((out / META_DIR / "job.json").read_text())
+    assert job["fingerprint"] == "fp1"
+    assert job["job"] == DESCRIPTION
+    assert sorted(p.name for p in out.iterdir()) == [META_DIR]
+    assert [p.name for p in (out / META_DIR).iterdir()] == ["job.json"]  # no temporaries
+
+
+def test_open_empty_existing_directory(tmp_path: Path) -> None:
+    assert _open(tmp_path).entries == {}
+    assert (tmp_path / META_DIR / "job.json").is_file()
+
+
+def test_same_fingerprint_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = _open(out)
+    _touch(out / "part-a.parquet")
+    first.commit([_entry("u1", "part-a.parquet")])
+    created = json.loads((out / META_DIR / "job.json").read_text())["created"]
+    again = _open(out)
+    assert again.entries == {"u1": _entry("u1", "part-a.parquet")}
+    assert json.loads((out / META_DIR / "job.json").read_text())["created"] == created
+    assert (out / "part-a.parquet").exists()
+
+
+def test_different_fingerprint_is_refused_naming_the_change(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _open(out)
+    with pytest.raises(JobStateError) as info:
+        _open(out, "fp2", models=[{"name": "tip"}, {"name": "fare"}], carryover=[])
+    text = str(info.value)
+    assert "holds the results of a different job (changed: carryover, models)" in text
+    assert "--overwrite" in text
+
+
+def test_different_fingerprint_same_description_still_refused(tmp_path: Path) -> None:
+    _open(tmp_path)
+    with pytest.raises(JobStateError, match=r"changed: the job description"):
+        _open(tmp_path, "fp2")
+
+
+def test_foreign_files_are_refused(tmp_path: Path) -> None:
+    _touch(tmp_path / "notes.txt")
+    with pytest.raises(JobStateError, match="holds files that chute did not write") as info:
+        _open(tmp_path)
+    assert "--overwrite" in str(info.value)
+    assert not (tmp_path / META_DIR).exists()
+
+
+def test_output_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    path = _touch(tmp_path / "out")
+    with pytest.raises(JobStateError, match="is a file; give a directory"):
+        _open(path)
+    with pytest.raises(JobStateError):
+        _open(path, overwrite=True)
+
+
+def test_overwrite_wipes_another_jobs_results(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = _open(out)
+    _touch(out / "part-a.parquet")
+    old.commit([_entry("u1", "part-a.parquet")])
+    old.finish({"rows_out": 10})
+    ledger = _open(out, "fp2", overwrite=True)
+    assert ledger.entries == {}
+    assert sorted(p.name for p in out.iterdir()) == [META_DIR]
+    assert json.loads((out / META_DIR / "job.json").read_text())["fingerprint"] == "fp2"
+
+
+def test_overwrite_wipes_foreign_files(tmp_path: Path) -> None:
+    _touch(tmp_path / "notes.txt")
+    (tmp_path / "sub").mkdir()
+    _touch(tmp_path / "sub" / "x")
+    _open(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [META_DIR]
+
+
+def test_overwrite_of_the_same_job_starts_over(tmp_path: Path) -> None:
+    first = _open(tmp_path)
+    first.commit([_entry("u1", "part-a.parquet")])
+    assert _open(tmp_path, overwrite=True).entries == {}
+
+
+def test_commit_appends_lines(tmp_path: Path) -> None:
+    ledger = _open(tmp_path)
+    ledger.commit([_entry("u1", "p1"), _entry("u2", "p2", "p3")])
+    ledger.commit([])
+    ledger.commit([_entry("u3", "p4")])
+    lines = (tmp_path / META_DIR / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["unit"] for line in lines] == ["u1", "u2", "u3"]
+    assert set(ledger.entries) == {"u1", "u2", "u3"}
+    assert ledger.committed_parts() == {"p1", "p2", "p3", "p4"}
+    assert ledger.read_entries() == ledger.entries
+
+
+def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
+    ledger = _open(tmp_path)
+    ledger.commit([_entry("u1", "p1"), _entry("u2", "p2")])
+    path = tmp_path / META_DIR / "ledger.jsonl"
+    with path.open("a") as f:
+        f.write('{"unit":"u3","index":2,"rows":10,"par')  # a crash mid-write
+    entries = _open(tmp_path).entries
+    assert set(entries) == {"u1", "u2"}
+
+
+def test_remove_orphans_keeps_committed_parts_only(tmp_path: Path) -> None:
+    ledger = _open(tmp_path)
+    for name in ("part-1.parquet", "part-2.parquet", "part-3.parquet", ".part-4.parquet.tmp"):
+        _touch(tmp_path / name)
+    _touch(tmp_path / "README.txt")
+    (tmp_path / "part-dir").mkdir()
+    ledger.commit([_entry("u1", "part-1.parquet"), _entry("u2", "part-3.parquet")])
+    assert ledger.remove_orphans() == 2
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["README.txt", META_DIR, "part-1.parquet", "part-3.parquet", "part-dir"]
+    assert ledger.remove_orphans() == 0
+
+
+def test_finish_and_unfinish(tmp_path: Path) -> None:
+    ledger = _open(tmp_path)
+    assert ledger.report() is None
+    ledger.finish({"rows_out": 5})
+    assert (tmp_path / SUCCESS).is_file()
+    assert ledger.report() == {"rows_out": 5}
+    assert _open(tmp_path).entries == {}  # the success marker is not a foreign file
+    ledger.unfinish()
+    assert not (tmp_path / SUCCESS).exists()
+    ledger.unfinish()  # nothing to remove

@@ -1,0 +1,200 @@
+"""Ray resource planning as plain functions: actor pools never take the CPU kept for reads."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from chute import Model, Pool, ResourceError, Resources
+from chute.engines.resources import Cluster, StageResources, plan_resources
+
+GiB = 2**30
+
+
+def fn(batch: Any) -> Any:
+    return batch
+
+
+def _models(*specs: dict[str, Any]) -> list[Model]:
+    return [Model(f"m{i}", fn, **spec) for i, spec in enumerate(specs)]
+
+
+def _actor_cpus(plan: list[StageResources]) -> float:
+    """CPUs the actor pools hold at their largest."""
+    return sum(s.cpus * s.max for s in plan)
+
+
+# -- a 2-CPU cluster with default resources ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [
+        pytest.param([Pool()], id="one-model"),
+        pytest.param([Pool(), Pool()], id="two-models"),
+        pytest.param([Pool(), Pool(), Pool()], id="three-models"),
+        pytest.param([Pool.fixed(2)], id="one-fixed-2"),
+        pytest.param([Pool.fixed(3)], id="one-fixed-3"),
+        pytest.param([Pool.fixed(6)], id="one-fixed-6"),
+        pytest.param([Pool(min=1, max=7)], id="one-range-1-7"),
+        pytest.param([Pool(min=2)], id="one-min-2-no-max"),
+        pytest.param([Pool(min=1, max=4), Pool()], id="range-and-default"),
+        pytest.param([Pool.fixed(3), Pool.fixed(3)], id="two-fixed-3"),
+        pytest.param([Pool(min=2, max=3), Pool.fixed(1), Pool(min=1, max=2)], id="three-mixed"),
+    ],
+)
+def test_two_cpu_cluster_keeps_one_cpu_for_reads(pools: list[Pool]) -> None:
+    models = _models(*({"pool": p} for p in pools))
+    plan = plan_resources(models, Cluster(cpus=2))
+    assert [s.name for s in plan] == [m.name for m in models]
+    assert _actor_cpus(plan) <= 1.0
+    for stage, pool in zip(plan, pools, strict=True):
+        assert stage.cpus > 0
+        assert stage.min == pool.min
+        assert stage.max >= stage.min
+        if pool.max is not None:
+            assert stage.max == pool.max
+
+
+def test_one_default_model_gets_one_whole_cpu() -> None:
+    (stage,) = plan_resources(_models({}), Cluster(cpus=2))
+    assert (stage.cpus, stage.min, stage.max, stage.note) == (1.0, 1, 1, "")
+
+
+def test_scaled_stages_say_so() -> None:
+    plan = plan_resources(_models({}, {}), Cluster(cpus=2))
+    assert [s.cpus for s in plan] == [0.5, 0.5]
+    assert all("so that reads keep a CPU" in s.note for s in plan)
+
+
+def test_big_cluster_gives_default_pools_a_share_each() -> None:
+    plan = plan_resources(_models({}, {}), Cluster(cpus=9))
+    assert [(s.cpus, s.max) for s in plan] == [(1.0, 4), (1.0, 4)]
+    assert _actor_cpus(plan) <= 9 - 1
+
+
+@pytest.mark.parametrize(
+    ("cpus", "reserve"),
+    [
+        pytest.param(1, 0.5, id="one-cpu"),
+        pytest.param(2, 1.0, id="two-cpus"),
+        pytest.param(64, 1.0, id="many-cpus"),
+    ],
+)
+def test_reserve(cpus: float, reserve: float) -> None:
+    cluster = Cluster(cpus=cpus)
+    assert cluster.reserve == reserve
+    plan = plan_resources(_models({}, {}), cluster)
+    assert _actor_cpus(plan) <= cpus - reserve
+
+
+# -- explicit CPUs -----------------------------------------------------------------------
+
+
+def test_explicit_cpus_that_fit_are_kept() -> None:
+    plan = plan_resources(_models({"resources": Resources(cpus=0.25)}), Cluster(cpus=2))
+    assert [(s.cpus, s.max) for s in plan] == [(0.25, 4)]
+
+
+def test_explicit_cpus_keep_their_value_and_others_scale() -> None:
+    models = _models({"resources": Resources(cpus=0.5)}, {}, {})
+    plan = plan_resources(models, Cluster(cpus=2))
+    assert plan[0].cpus == 0.5
+    assert plan[0].note == ""
+    assert plan[1].cpus == plan[2].cpus == 0.25
+    assert _actor_cpus(plan) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("specs", "needed"),
+    [
+        pytest.param([{"resources": Resources(cpus=2)}], "2", id="two-cpus-one-replica"),
+        pytest.param([{"resources": Resources(cpus=1), "pool": Pool.fixed(2)}], "2",
+                     id="one-cpu-two-replicas"),
+        pytest.param([{"resources": Resources(cpus=0.75)}, {"resources": Resources(cpus=0.5)}],
+                     "1.25", id="two-explicit"),
+        pytest.param([{"resources": Resources(cpus=1)}, {}], "2", id="explicit-leaves-no-room"),
+    ],
+)  # fmt: skip
+def test_explicit_cpus_that_do_not_fit(specs: list[dict[str, Any]], needed: str) -> None:
+    with pytest.raises(ResourceError) as info:
+        plan_resources(_models(*specs), Cluster(cpus=2))
+    text = str(info.value)
+    assert f"the model pools need {needed} CPUs at their largest" in text
+    assert "but only 1 can go to model actors" in text
+    assert "Ray issue 44687" in text
+
+
+# -- GPUs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpus", "pool", "cluster_gpus", "asked"),
+    [
+        pytest.param(1.0, Pool(), 0, "1", id="one-gpu-on-cpu-cluster"),
+        pytest.param(0.5, Pool(), 0, "0.5", id="fraction-on-cpu-cluster"),
+        pytest.param(1.0, Pool.fixed(3), 2, "3", id="pool-min-too-big"),
+    ],
+)
+def test_gpus_the_cluster_lacks(gpus: float, pool: Pool, cluster_gpus: float, asked: str) -> None:
+    models = _models({"resources": Resources(gpus=gpus), "pool": pool})
+    message = f"model 'm0' asks for {asked} GPU(s)"
+    with pytest.raises(ResourceError, match=re.escape(message)) as info:
+        plan_resources(models, Cluster(cpus=8, gpus=cluster_gpus))
+    assert f"the cluster has {cluster_gpus:g}" in str(info.value)
+    assert "gpus: 0" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "pool", "replicas"),
+    [
+        pytest.param(0.25, Pool(), 4, id="quarter-gpus-four-replicas"),
+        pytest.param(0.5, Pool(min=1, max=8), 2, id="half-gpus-capped"),
+        pytest.param(1.0, Pool(), 1, id="whole-gpu"),
+        pytest.param(0.3, Pool(), 3, id="thirds-round-down"),
+    ],
+)
+def test_fractional_gpus_share_one_gpu(gpus: float, pool: Pool, replicas: int) -> None:
+    models = _models({"resources": Resources(gpus=gpus), "pool": pool})
+    (stage,) = plan_resources(models, Cluster(cpus=16, gpus=1))
+    assert stage.gpus == gpus
+    assert stage.max == replicas
+    assert stage.gpus * stage.max <= 1.0 + 1e-9
+
+
+def test_gpu_model_next_to_cpu_model() -> None:
+    models = _models({"resources": Resources(gpus=1)}, {})
+    plan = plan_resources(models, Cluster(cpus=2, gpus=1))
+    assert [s.gpus for s in plan] == [1.0, 0.0]
+    assert _actor_cpus(plan) <= 1.0
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+def test_memory_too_large() -> None:
+    models = _models({"resources": Resources(memory=64 * GiB)})
+    with pytest.raises(
+        ResourceError, match=r"asks for 64\.0 GiB of memory but the cluster has 8\.0"
+    ):
+        plan_resources(models, Cluster(cpus=2, memory=8 * GiB))
+
+
+def test_memory_counts_the_minimum_pool() -> None:
+    models = _models({"resources": Resources(memory=3 * GiB), "pool": Pool.fixed(3)})
+    with pytest.raises(ResourceError, match=r"asks for 9\.0 GiB"):
+        plan_resources(models, Cluster(cpus=8, memory=8 * GiB))
+
+
+def test_memory_that_fits_is_passed_on() -> None:
+    models = _models({"resources": Resources(memory=2 * GiB)})
+    (stage,) = plan_resources(models, Cluster(cpus=2, memory=8 * GiB))
+    assert stage.memory == 2 * GiB
+
+
+def test_cluster_from_ray_resources() -> None:
+    cluster = Cluster.from_ray({"CPU": 4.0, "GPU": 1.0, "memory": 1e9, "node:x": 1.0})
+    assert cluster == Cluster(cpus=4.0, gpus=1.0, memory=1e9)
+    assert Cluster.from_ray({}) == Cluster(cpus=0.0, gpus=0.0, memory=None)

@@ -1,0 +1,238 @@
+"""The driver: the committer's bookkeeping, and a resumed run on the local engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from chute import ChuteError, FileSource, Job, JobStateError, Model, Sink, TableSource
+from chute.ledger import META_DIR, SUCCESS, Ledger
+from chute.plan import Plan, build_plan
+from chute.runner import Committer
+from chute.sinks import PartRecord, _ipc
+from chute.stages import tag
+
+
+def double(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"y": batch["x"] * 2}
+
+
+def _plan(n: int = 10, unit_rows: int = 5) -> Plan:
+    table = pa.table({"x": np.arange(n, dtype=np.int64)})
+    return build_plan(Job(TableSource(table, unit_rows=unit_rows), (Model("m", double),)))
+
+
+def _rec(unit: int, start: int, end: int, total: int = -1, path: str = "") -> PartRecord:
+    return PartRecord(unit, start, end, total, path or f"part-{unit}-{start}-{end}", 1, 0.01)
+
+
+# -- Committer ---------------------------------------------------------------------------
+
+
+def test_commits_a_unit_once_its_parts_cover_all_rows(tmp_path: Path) -> None:
+    plan = _plan()
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False)
+    committer = Committer(plan, ledger, None)
+    committer.add([_rec(0, 0, 2), _rec(0, 3, 5, 5)])
+    assert committer.done == set()  # rows 2..3 are missing
+    committer.add([_rec(1, 0, 5, 5)])
+    assert committer.done == {1}
+    committer.add([_rec(0, 2, 3)])
+    assert committer.done == {0, 1}
+    assert committer.missing() == []
+    assert (committer.rows_out, committer.parts) == (10, 4)
+    assert (committer.write.rows, committer.write.batches) == (10, 4)
+    entries = Ledger.open(str(tmp_path), "fp", {}, False).entries
+    assert entries == {
+        "memory[5:10]": {"unit": "memory[5:10]", "index": 1, "rows": 5, "parts": ["part-1-0-5"]},
+        "memory[0:5]": {
+            "unit": "memory[0:5]",
+            "index": 0,
+            "rows": 5,
+            "parts": ["part-0-0-2", "part-0-3-5", "part-0-2-3"],
+        },
+    }
+
+
+def test_unit_total_comes_from_the_last_part() -> None:
+    committer = Committer(_plan(), None, None)
+    committer.add([_rec(0, 0, 5)])  # all rows, but no part says it holds the last one
+    assert committer.done == set()
+    committer.add([_rec(1, 0, 5, 5)])
+    assert committer.done == {1}
+    assert [u.index for u in committer.missing()] == [0]
+
+
+def test_last_part_arriving_first() -> None:
+    committer = Committer(_plan(), None, None)
+    committer.add([_rec(0, 4, 5, 5)])
+    committer.add([_rec(0, 0, 4)])
+    assert committer.done == {0}
+
+
+def test_duplicates_after_commit_are_ignored() -> None:
+    committer = Committer(_plan(), None, None)
+    committer.add([_rec(0, 0, 5, 5)])
+    committer.add([_rec(0, 0, 5, 5, path="part-again"), _rec(0, 0, 2, path="part-again-2")])
+    assert committer.done == {0}
+    assert (committer.rows_out, committer.parts) == (5, 1)
+
+
+def test_duplicates_before_commit_are_ignored(tmp_path: Path) -> None:
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False)
+    committer = Committer(_plan(), ledger, None)
+    committer.add([_rec(0, 0, 2, path="first")])
+    committer.add([_rec(0, 0, 2, path="retry")])  # a retried task wrote the same rows
+    committer.add([_rec(0, 2, 5, 5, path="rest")])
+    assert committer.done == {0}
+    assert committer.rows_out == 5
+    assert ledger.entries["memory[0:5]"]["parts"] == ["first", "rest"]
+
+
+def test_records_of_units_not_pending_are_ignored() -> None:
+    plan = _plan()
+    plan.pending = plan.units[1:]
+    committer = Committer(plan, None, None)
+    committer.add([_rec(0, 0, 5, 5), _rec(7, 0, 1, 1)])
+    assert committer.done == set()
+    assert committer.parts == 0
+
+
+def test_in_memory_result_is_in_input_order() -> None:
+    committer = Committer(_plan(), None, None)
+    table = pa.table({"x": np.arange(10, dtype=np.int64)})
+
+    def part(unit: int, start: int, end: int, total: int) -> PartRecord:
+        rows = tag(table.slice(unit * 5 + start, end - start), unit, start, total)
+        data = _ipc(rows)
+        return PartRecord(unit, start, end, total, "", len(data), 0.0, data)
+
+    committer.add([part(1, 3, 5, 5), part(0, 0, 5, 5)])
+    committer.add([part(1, 0, 3, -1), part(1, 0, 3, -1)])  # a duplicate, in memory too
+    result = committer.result()
+    assert result is not None
+    assert result.column_names == ["x"]
+    assert result.column("x").to_pylist() == list(range(10))
+
+
+def test_no_result_without_in_memory_parts() -> None:
+    assert Committer(_plan(), None, None).result() is None
+
+
+# -- a resumed run on the local engine ---------------------------------------------------
+
+
+def _data(root: Path, files: int = 3, rows: int = 5) -> Path:
+    root.mkdir()
+    for i in range(files):
+        ids = np.arange(i * 100, i * 100 + rows, dtype=np.int64)
+        pq.write_table(
+            pa.table({"id": ids, "x": ids * 3, "noise": ids * 0.0}), root / f"{i}.parquet"
+        )
+    return root
+
+
+def _job(data: Path, out: Path, model: Model | None = None) -> Job:
+    model = model or Model("m", double, inputs=("x",), batch_format="numpy", batch_size=4)
+    return Job(FileSource(str(data)), (model,), output=Sink(str(out)), carryover=("id",),
+               engine="local")  # fmt: skip
+
+
+def _ledger_lines(out: Path) -> list[dict[str, Any]]:
+    text = (out / META_DIR / "ledger.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _check_output(out: Path, ids: list[int]) -> None:
+    table = pq.read_table(out).sort_by("id")  # part files only: _chute and _SUCCESS are skipped
+    assert table.column_names == ["id", "m_y"]
+    assert table.column("id").to_pylist() == ids  # every row exactly once
+    assert table.column("m_y").to_pylist() == [i * 6 for i in ids]
+    parts = {p.name for p in out.glob("part-*")}
+    assert parts == {name for e in _ledger_lines(out) for name in e["parts"]}
+
+
+ALL_IDS = [*range(0, 5), *range(100, 105), *range(200, 205)]
+
+
+@pytest.mark.timeout(60)
+def test_run_writes_parts_ledger_and_success(tmp_path: Path) -> None:
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+    report = _job(data, out).run()
+    assert (report.engine, report.units_total, report.units_done, report.units_skipped) == (
+        "local", 3, 3, 0,
+    )  # fmt: skip
+    assert (report.rows_out, report.rows_skipped) == (15, 0)
+    assert report.result is None
+    assert (out / SUCCESS).is_file()
+    assert json.loads((out / META_DIR / "report.json").read_text())["rows_out"] == 15
+    assert sorted(e["unit"] for e in _ledger_lines(out)) == sorted(
+        str(p) for p in data.glob("*.parquet")
+    )
+    assert not list(out.glob(".*"))  # no temporaries
+    _check_output(out, ALL_IDS)
+
+
+@pytest.mark.timeout(60)
+def test_resume_recomputes_only_the_uncommitted_unit(tmp_path: Path) -> None:
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+    _job(data, out).run()
+    lines = _ledger_lines(out)
+    lost = next(e for e in lines if e["unit"].endswith("1.parquet"))
+    kept = [e for e in lines if e is not lost]
+    (out / META_DIR / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    assert all((out / p).exists() for p in lost["parts"])  # written, but never committed
+    (out / SUCCESS).unlink()
+
+    report = _job(data, out).run()
+
+    assert (report.units_total, report.units_done, report.units_skipped) == (3, 1, 2)
+    assert (report.rows_out, report.rows_skipped) == (5, 10)
+    assert not any((out / p).exists() for p in lost["parts"])  # orphans removed
+    assert (out / SUCCESS).is_file()
+    _check_output(out, ALL_IDS)
+    redone = [e for e in _ledger_lines(out) if e["unit"] == lost["unit"]]
+    assert len(redone) == 1 and redone[0]["rows"] == 5
+
+
+@pytest.mark.timeout(60)
+def test_rerun_of_a_finished_job_does_nothing(tmp_path: Path) -> None:
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+    _job(data, out).run()
+    before = sorted(p.name for p in out.glob("part-*"))
+    report = _job(data, out).run()
+    assert (report.units_done, report.units_skipped, report.rows_out) == (0, 3, 0)
+    assert sorted(p.name for p in out.glob("part-*")) == before
+    _check_output(out, ALL_IDS)
+
+
+@pytest.mark.timeout(60)
+def test_changed_job_is_refused_then_overwritten(tmp_path: Path) -> None:
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+    _job(data, out).run()
+    other = Model("m", double, inputs=("x",), batch_format="numpy", kwargs={})
+    changed = Job(FileSource(str(data)), (other,), output=Sink(str(out)), engine="local")
+    with pytest.raises(JobStateError, match=r"changed: carryover"):
+        changed.run()
+    report = changed.run(overwrite=True)
+    assert report.units_done == 3
+    assert pq.read_table(out).column_names == ["m_y"]
+
+
+@pytest.mark.timeout(60)
+def test_model_error_leaves_no_success_marker(tmp_path: Path) -> None:
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+
+    def broken(batch: Any) -> Any:
+        raise ValueError("nope")
+
+    job = _job(data, out, Model("m", broken, inputs=("x",)))
+    with pytest.raises(ChuteError, match="model 'm' raised ValueError: nope"):
+        job.run()
+    assert not (out / SUCCESS).exists()

@@ -1,0 +1,201 @@
+"""The part writer: contiguous runs of a unit become part files, renamed into place."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from chute import Sink
+from chute.plan import Output
+from chute.sinks import (
+    PartRecord,
+    PartWriter,
+    read_ipc,
+    record_dict,
+    records_from_table,
+    records_to_table,
+    runs,
+)
+from chute.stages import KEY, decode, tag
+
+
+def _tagged(unit: int, start: int, n: int, total: int | None) -> pa.Table:
+    """Rows ``start..start+n`` of a unit: carryover ``id``, a model output and a dropped column."""
+    ids = np.arange(start, start + n, dtype=np.int64) + unit * 1000
+    table = pa.table(
+        {
+            "id": ids,
+            "unused": np.zeros(n),
+            "m_score": ids.astype(np.float64) / 2,
+            "m": ids * 10,
+        }
+    )
+    return tag(table, unit, start, total)
+
+
+def _keys(*tables: pa.Table) -> np.ndarray:
+    return np.concatenate([t.column(KEY).to_numpy() for t in tables])
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+def test_runs_one_contiguous_unit() -> None:
+    keys = _keys(_tagged(2, 0, 5, 5))
+    assert runs(keys) == [(0, 5, 2, 0, 5)]
+
+
+def test_runs_unit_total_unknown_without_last_row() -> None:
+    keys = _keys(_tagged(2, 0, 5, 10))
+    assert runs(keys) == [(0, 5, 2, 0, -1)]
+
+
+def test_runs_split_on_unit_change() -> None:
+    keys = _keys(_tagged(0, 3, 2, 5), _tagged(1, 0, 4, None))
+    assert runs(keys) == [(0, 2, 0, 3, 5), (2, 6, 1, 0, -1)]
+
+
+def test_runs_split_on_gap_within_a_unit() -> None:
+    keys = _keys(_tagged(0, 0, 3, 10), _tagged(0, 5, 5, 10))
+    assert runs(keys) == [(0, 3, 0, 0, -1), (3, 8, 0, 5, 10)]
+
+
+def test_runs_split_when_a_unit_comes_back() -> None:
+    keys = _keys(_tagged(0, 0, 2, 4), _tagged(1, 0, 1, 1), _tagged(0, 2, 2, 4))
+    assert runs(keys) == [(0, 2, 0, 0, -1), (2, 3, 1, 0, 1), (3, 5, 0, 2, 4)]
+
+
+def test_runs_split_on_out_of_order_rows() -> None:
+    keys = _keys(_tagged(0, 2, 2, 4), _tagged(0, 0, 2, 4))
+    assert runs(keys) == [(0, 2, 0, 2, 4), (2, 4, 0, 0, -1)]
+
+
+def test_runs_cover_every_row_once() -> None:
+    rng = np.random.default_rng(0)
+    tables = [_tagged(u, s, 3, 9) for u in range(4) for s in (0, 3, 6)]
+    order = rng.permutation(len(tables))
+    keys = _keys(*[tables[i] for i in order])
+    found = runs(keys)
+    assert found[0][0] == 0 and found[-1][1] == len(keys)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(found))
+    units, rows, _ = decode(keys)
+    for lo, hi, unit, start, _total in found:
+        assert (units[lo:hi] == unit).all()
+        assert rows[lo:hi].tolist() == list(range(start, start + hi - lo))
+
+
+# -- PartWriter --------------------------------------------------------------------------
+
+
+def _writer(tmp_path: Path, fmt: str) -> tuple[PartWriter, Path]:
+    root = tmp_path / "out"
+    root.mkdir()
+    output = Output(Sink(str(root), fmt), ("id",), ("m",))  # type: ignore[arg-type]
+    return PartWriter(output), root
+
+
+def _read(path: Path, fmt: str) -> pa.Table:
+    if fmt == "parquet":
+        return pq.read_table(path)
+    if fmt == "csv":
+        return pacsv.read_csv(path)
+    return pa.Table.from_pylist([json.loads(line) for line in path.read_text().splitlines()])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_part_writer_writes_one_part_per_run(tmp_path: Path, fmt: str) -> None:
+    writer, root = _writer(tmp_path, fmt)
+    batch = pa.concat_tables([_tagged(0, 2, 3, 5), _tagged(1, 0, 4, None)])
+    records = writer.write(batch)
+    assert [(r.unit, r.start, r.end, r.unit_rows) for r in records] == [(0, 2, 5, 5), (1, 0, 4, -1)]
+    files = sorted(p.name for p in root.iterdir())
+    assert files == sorted(r.path for r in records)
+    assert all(not name.startswith(".") for name in files)  # no temporaries left
+    for record in records:
+        assert record.path.startswith(f"part-{record.unit:06d}-{record.start:010d}-")
+        assert record.path.endswith("." + fmt)
+        assert record.nbytes == (root / record.path).stat().st_size
+        assert record.seconds >= 0
+        assert record.data == b""
+        part = _read(root / record.path, fmt)
+        assert part.column_names == ["id", "m_score", "m"]
+        expected = list(range(record.start, record.end))
+        assert part.column("id").to_pylist() == [record.unit * 1000 + i for i in expected]
+        assert part.column("m").to_pylist() == [10 * (record.unit * 1000 + i) for i in expected]
+
+
+def test_part_writer_names_are_unique(tmp_path: Path) -> None:
+    writer, root = _writer(tmp_path, "parquet")
+    first = writer.write(_tagged(0, 0, 3, 3))
+    second = writer.write(_tagged(0, 0, 3, 3))  # a retried task writes the same rows again
+    assert first[0].path != second[0].path
+    assert len(list(root.iterdir())) == 2
+
+
+def test_part_writer_empty_batch_writes_nothing(tmp_path: Path) -> None:
+    writer, root = _writer(tmp_path, "parquet")
+    assert writer.write(_tagged(0, 0, 0, None)) == []
+    assert list(root.iterdir()) == []
+
+
+def test_part_writer_keeps_fixed_size_lists_in_parquet(tmp_path: Path) -> None:
+    writer, root = _writer(tmp_path, "parquet")
+    flat = pa.array(np.arange(6, dtype=np.float32))
+    table = pa.table({"id": [1, 2, 3], "m_emb": pa.FixedSizeListArray.from_arrays(flat, 2)})
+    (record,) = writer.write(tag(table, 0, 0, 3))
+    part = pq.read_table(root / record.path)
+    assert part.schema.field("m_emb").type == pa.list_(pa.float32(), 2)
+
+
+def test_in_memory_writer_returns_ipc_rows(tmp_path: Path) -> None:
+    writer = PartWriter(Output(None, ("id",), ("m",)))
+    batch = pa.concat_tables([_tagged(3, 0, 2, 4), _tagged(3, 2, 2, 4)])
+    (record,) = writer.write(batch)
+    assert (record.unit, record.start, record.end, record.unit_rows) == (3, 0, 4, 4)
+    assert record.path == ""
+    assert record.nbytes == len(record.data) > 0
+    rows = read_ipc(record.data)
+    assert rows.column_names == ["id", "m_score", "m", KEY]
+    assert rows.column("id").to_pylist() == [3000, 3001, 3002, 3003]
+    assert rows.column(KEY).to_pylist() == batch.column(KEY).to_pylist()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- records -----------------------------------------------------------------------------
+
+
+def test_records_round_trip_through_arrow() -> None:
+    records = [
+        PartRecord(0, 0, 10, 10, "part-a.parquet", 123, 0.5),
+        PartRecord(1, 5, 7, -1, "", 9, 0.0, b"\x00\x01"),
+    ]
+    table = records_to_table(records)
+    assert table.num_rows == 2
+    assert records_from_table(table) == records
+
+
+def test_record_dict_drops_row_data() -> None:
+    row = record_dict(PartRecord(1, 0, 2, 2, "p", 5, 0.1, b"rows"))
+    assert "data" not in row
+    assert row["path"] == "p"
+    assert row["unit_rows"] == 2
+
+
+def test_output_columns_order() -> None:
+    output = Output(None, ("b", "a"), ("m", "n"))
+    available = ["a", "b", "n_x", "m", "m_y", "mx", "n", KEY, "c"]
+    assert output.columns(available) == ["b", "a", "m", "m_y", "n_x", "n"]
+
+
+def test_output_columns_never_take_an_input_column_for_a_model_output() -> None:
+    output = Output(None, (), ("tip",), source_columns=("tip_amount", "x"))
+    assert output.columns(["x", "tip_amount", KEY, "tip", "tip_p"]) == ["tip", "tip_p"]
+    carried = Output(None, ("tip_amount",), ("tip",), source_columns=("tip_amount", "x"))
+    assert carried.columns(["x", "tip_amount", "tip"]) == ["tip_amount", "tip"]
