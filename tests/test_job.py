@@ -328,4 +328,31 @@ def test_fingerprint_changes_with_the_input_files(tmp_path: Any) -> None:
 
 def test_describe_names_the_callable_instance_by_its_class() -> None:
     job = _job(models=(Model("a", Scorer(2.0), inputs=("x",)),))
-    assert job.describe()["models"][0]["fn"].endswith(":Scorer")
+    assert job.describe()["models"][0]["fn"].split("#")[0].endswith(":Scorer")
+
+
+def test_fingerprint_changes_when_a_model_function_is_edited() -> None:
+    def first(batch: Any) -> Any:
+        return batch
+
+    def second(batch: Any) -> Any:
+        return batch.slice(0)
+
+    second.__qualname__ = first.__qualname__
+    one = _job(models=(Model("a", first, inputs=("x",)),)).fingerprint()
+    two = _job(models=(Model("a", second, inputs=("x",)),)).fingerprint()
+    assert one != two
+
+
+def test_fingerprint_changes_with_in_memory_content_of_the_same_shape() -> None:
+    one = _job(source=TableSource(pa.table({"x": [1, 2, 3], "z": [4, 5, 6]}))).fingerprint()
+    two = _job(source=TableSource(pa.table({"x": [1, 2, 9], "z": [4, 5, 6]}))).fingerprint()
+    assert one != two
+
+
+def test_fingerprint_changes_when_an_input_file_is_rewritten(tmp_path: Any) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("x,z\n1,2\n")
+    one = _job(source=FileSource(str(path))).fingerprint()
+    path.write_text("x,z\n1,2\n3,4\n")
+    assert _job(source=FileSource(str(path))).fingerprint() != one

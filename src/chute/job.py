@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -276,12 +277,31 @@ class Job:
 
 
 def _fn_name(fn: Any) -> str:
+    """The function's import name and a hash of its code, so an edited model is a new job."""
     if isinstance(fn, str):
         return fn
-    target = (
-        fn if isinstance(fn, type) or (callable(fn) and hasattr(fn, "__qualname__")) else type(fn)
+    named = isinstance(fn, type) or (callable(fn) and hasattr(fn, "__qualname__"))
+    target = fn if named else type(fn)
+    name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+    return f"{name}#{_code_hash(target)}"
+
+
+def _code_hash(target: Any) -> str:
+    """Hash the bytecode of a function, or of every function a class defines."""
+    codes = (
+        [target.__code__]
+        if hasattr(target, "__code__")
+        else [
+            member.__code__
+            for klass in getattr(target, "__mro__", ())[:-1]
+            for member in vars(klass).values()
+            if hasattr(member, "__code__")
+        ]
     )
-    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+    digest = hashlib.sha256()
+    for code in codes:
+        digest.update(marshal.dumps(code))
+    return digest.hexdigest()[:12]
 
 
 def _describe_model(model: Model) -> dict[str, Any]:

@@ -8,7 +8,7 @@ row count known from metadata alone. Planning never reads data rows.
 from __future__ import annotations
 
 import fnmatch
-import glob as globlib
+import hashlib
 import io
 import os
 from collections.abc import Iterator, Sequence
@@ -97,26 +97,24 @@ def _has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
-def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[str]:
+def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInfo]:
     if _has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
-        files = [i.path for i in infos if i.is_file and fnmatch.fnmatch(i.path, path)]
+        files = [i for i in infos if i.is_file and fnmatch.fnmatch(i.path, path)]
         if not files:
             raise DataError(f"the glob {original!r} matches no files. Check the pattern.")
-        return sorted(files)
+        return sorted(files, key=lambda i: i.path)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise DataError(f"input path {original!r} does not exist. Check the path.")
     if info.type == pafs.FileType.File:
-        return [path]
+        return [info]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     files = [
-        i.path
-        for i in infos
-        if i.is_file and not _hidden(i.path[len(path) :]) and i.size and i.size > 0
+        i for i in infos if i.is_file and not _hidden(i.path[len(path) :]) and i.size and i.size > 0
     ]
-    return sorted(files)
+    return sorted(files, key=lambda i: i.path)
 
 
 def _hidden(relative: str) -> bool:
@@ -139,10 +137,16 @@ class FileSource:
             raise DataError("no input path given: name a file, a directory or a glob.")
         self.format = format
         self._files: list[str] | None = None
+        self._stamps: dict[str, tuple[int | None, int | None]] = {}
         self._fs: pafs.FileSystem | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"paths": self.paths, "format": self.format, "_files": self._files}
+        return {
+            "paths": self.paths,
+            "format": self.format,
+            "_files": self._files,
+            "_stamps": getattr(self, "_stamps", {}),
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -157,15 +161,16 @@ class FileSource:
     def files(self) -> list[str]:
         """Every input file, sorted; listed once."""
         if self._files is None:
-            found: list[str] = []
+            found: list[pafs.FileInfo] = []
             for original in self.paths:
                 fs, path = _filesystem(original)
                 self._fs = fs
                 found.extend(_list_files(fs, path, original))
             if not found:
                 raise DataError(f"no input files under {', '.join(self.paths)}: nothing to do.")
-            self._files = found
-            self.format = self.format or self._infer_format(found)
+            self._stamps = {i.path: (i.size, i.mtime_ns) for i in found}
+            self._files = [i.path for i in found]
+            self.format = self.format or self._infer_format(self._files)
         return self._files
 
     def _infer_format(self, files: list[str]) -> str:
@@ -249,7 +254,12 @@ class FileSource:
         return table.select(list(columns)) if columns is not None else table
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "files", "format": self.format, "files": self.files()}
+        files = self.files()
+        return {
+            "kind": "files",
+            "format": self.format,
+            "files": [[f, *self._stamps.get(f, (None, None))] for f in files],
+        }
 
 
 class TableSource:
@@ -260,6 +270,7 @@ class TableSource:
             raise DataError("the input data has no rows: nothing to predict.")
         self.table = table
         self.unit_rows = unit_rows
+        self._digest: str | None = None
 
     def schema(self) -> pa.Schema:
         return self.table.schema
@@ -276,7 +287,19 @@ class TableSource:
         return table.slice(unit.offset, unit.rows)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "memory", "rows": self.table.num_rows, "schema": str(self.table.schema)}
+        return {"kind": "memory", "rows": self.table.num_rows, "content": self.digest()}
+
+    def digest(self) -> str:
+        """A hash of the table's contents (one pass over its buffers, computed once)."""
+        if self._digest is None:
+            h = hashlib.blake2b(str(self.table.schema).encode(), digest_size=16)
+            for column in self.table.columns:
+                for chunk in column.chunks:
+                    for buffer in chunk.buffers():
+                        if buffer is not None:
+                            h.update(memoryview(buffer))
+            self._digest = h.hexdigest()
+        return self._digest
 
 
 class DatasetSource:
@@ -361,8 +384,3 @@ def check_columns(schema: pa.Schema, wanted: Sequence[str], where: str) -> None:
     missing = [c for c in wanted if c not in schema.names]
     if missing:
         raise missing_columns_error(missing, schema.names, where)
-
-
-def expand_globs(paths: Sequence[str]) -> list[str]:
-    """Local glob expansion, for callers that want the file list themselves."""
-    return sorted(p for pattern in paths for p in globlib.glob(pattern))

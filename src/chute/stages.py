@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,16 +64,24 @@ def import_string(target: str) -> Any:
         raise ConfigError(f"module {module_name!r} has no attribute {attr!r}.") from exc
 
 
+_IMPORT_LOCK = threading.Lock()
+"""Replica threads resolve the same model file at once: only one may execute it."""
+
+
 def _import_module(name: str) -> Any:
     if not name.endswith(".py"):
         return importlib.import_module(name)
-    path = os.path.abspath(name)
+    with _IMPORT_LOCK:
+        return _import_file(os.path.abspath(name))
+
+
+def _import_file(path: str) -> Any:
     mod_name = os.path.splitext(os.path.basename(path))[0]
     if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == path:
         return sys.modules[mod_name]
     directory = os.path.dirname(path)
     if directory not in sys.path:
-        sys.path.insert(0, directory)
+        sys.path.append(directory)  # for its sibling modules; never ahead of installed ones
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"no Python module at {path}")
