@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ import pyarrow as pa
 
 from chute import errors
 from chute.engines.resources import Cluster, StageResources, plan_resources
-from chute.errors import ChuteError
+from chute.errors import ChuteError, ConfigError
 from chute.job import Model, Preprocess
 from chute.plan import Output, Plan, Reader, StagePlan
 from chute.report import StageStats
@@ -49,14 +50,42 @@ def init_ray(address: str | None, verbose: bool) -> None:
         # Ray Data hands every actor pool its transformer by reference, and Ray's core
         # worker logs an error line about it for each pool (ray#53727): noise for a user.
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    with _quiet_stderr(not verbose):
-        ray.init(
-            address=address,
-            include_dashboard=False if address is None else None,
-            log_to_driver=verbose,
-            logging_level=logging.INFO if verbose else logging.ERROR,
-            configure_logging=True,
-        )
+    if address:
+        _check_reachable(address)
+    try:
+        with _quiet_stderr(not verbose):
+            ray.init(
+                # "local": a fresh instance of our own, never a `ray start` cluster (or a stale
+                # record of one in /tmp/ray) that a bare ray.init() would try to join.
+                address=address or "local",
+                include_dashboard=False if address is None else None,
+                log_to_driver=verbose,
+                logging_level=logging.INFO if verbose else logging.ERROR,
+                configure_logging=True,
+            )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"connect to the Ray cluster at {address!r}" if address else "start Ray"
+        raise ConfigError(
+            f"cannot {where}: {exc}. Check the address (the head's host:port "
+            "as printed by 'ray start --head') and that the cluster is up, or unset RAY_ADDRESS "
+            "to run locally."
+        ) from exc
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail at once on a head that does not answer (``ray.init`` retries for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return  # ray://, auto, or a form Ray resolves itself
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot connect to the Ray cluster at {address!r}: {exc}. Check the address (the "
+            "head's host:port as printed by 'ray start --head') and that the cluster is up, or "
+            "unset RAY_ADDRESS to run locally."
+        ) from exc
 
 
 @contextmanager

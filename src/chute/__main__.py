@@ -1,0 +1,5 @@
+"""``python -m chute`` is the ``chute`` command."""
+
+from chute.cli import main
+
+main()
