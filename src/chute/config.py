@@ -67,6 +67,7 @@ class ModelConfig(_Strict):
     pool: PoolConfig = PoolConfig()
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
+    on_error: Literal["fail", "quarantine"] = "fail"
 
 
 class PreprocessConfig(_Strict):
@@ -196,6 +197,7 @@ def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Mo
         pool=Pool.fixed(pool) if isinstance(pool, int) else Pool(pool.min, pool.max),
         args=tuple(config.args),
         kwargs=dict(config.kwargs),
+        on_error=config.on_error,
     )
 
 

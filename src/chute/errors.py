@@ -41,9 +41,20 @@ class DataError(ChuteError):
 
 
 class ModelError(ChuteError):
-    """A model could not be loaded, or raised while predicting."""
+    """A model could not be loaded, or raised while predicting.
+
+    ``unit`` and ``row`` say where, when known: the driver adds the unit's name.
+    """
 
     exit_code = 4
+
+    def __init__(self, message: str, unit: int | None = None, row: int | None = None) -> None:
+        super().__init__(message)
+        self.unit = unit
+        self.row = row
+
+    def __reduce__(self) -> tuple[type[ModelError], tuple[str, int | None, int | None]]:
+        return (type(self), (str(self), self.unit, self.row))  # keeps unit/row across Ray
 
 
 class JobStateError(ChuteError):

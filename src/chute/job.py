@@ -25,6 +25,8 @@ BATCH_FORMATS: tuple[str, ...] = ("pyarrow", "pandas", "numpy")
 OutputFormat = Literal["parquet", "csv", "jsonl"]
 OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "csv", "jsonl")
 EngineName = Literal["auto", "local", "ray"]
+OnError = Literal["fail", "quarantine"]
+ON_ERROR: tuple[str, ...] = ("fail", "quarantine")
 ENGINES: tuple[str, ...] = ("auto", "local", "ray")
 
 DEFAULT_BATCH_ROWS = 16_384
@@ -166,8 +168,16 @@ class Model:
     pool: Pool = field(default_factory=Pool)
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    on_error: OnError = "fail"
+    """``fail`` stops the job on the first row the model raises on, and shows it;
+    ``quarantine`` isolates such rows (bisecting the batch) into the errors dataset."""
 
     def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(
+                f"model {self.name!r}: on_error {self.on_error!r} is not one of "
+                f"{', '.join(ON_ERROR)}."
+            )
         if not _NAME.match(self.name):
             raise ConfigError(
                 f"model name {self.name!r} must be an identifier (letters, digits, '_'): "
@@ -310,6 +320,7 @@ def _describe_model(model: Model) -> dict[str, Any]:
         "fn": _fn_name(model.fn),
         "inputs": list(model.inputs) if model.inputs is not None else None,
         "batch_format": model.batch_format,
+        "on_error": model.on_error,
         "args": [_short_repr(a) for a in model.args],
         "kwargs": {k: _short_repr(v) for k, v in sorted(model.kwargs.items())},
     }

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from chute.errors import JobStateError
-from chute.sinks import output_filesystem
+from chute.sinks import ERRORS_DIR, output_filesystem
 
 META_DIR = "_chute"
 SUCCESS = "_SUCCESS"
@@ -147,12 +147,15 @@ class Ledger:
 
     def remove_orphans(self) -> int:
         """Delete part files (and temporaries) that no committed unit names."""
-        keep = self.committed_parts()
+        keep = {f"{self.root}/{p}" for p in self.committed_parts()}
         infos = self.fs.get_file_info(pafs.FileSelector(self.root))
+        errors = f"{self.root}/{ERRORS_DIR}"
+        if self.fs.get_file_info(errors).type == pafs.FileType.Directory:
+            infos += self.fs.get_file_info(pafs.FileSelector(errors))
         orphans = [
             i.path
             for i in infos
-            if i.is_file and i.base_name.startswith(("part-", ".part-")) and i.base_name not in keep
+            if i.is_file and i.base_name.startswith(("part-", ".part-")) and i.path not in keep
         ]
         for path in orphans:
             self.fs.delete_file(path)

@@ -57,6 +57,8 @@ class Report:
     parts: int
     wall_seconds: float
     stages: dict[str, StageStats] = field(default_factory=dict)
+    rows_failed: int = 0
+    """Rows a model raised on, written to the errors dataset (quarantine)."""
     complete: bool = True
     result: pa.Table | None = None
 
@@ -85,6 +87,8 @@ class Report:
             f"{self.units_done} run, {self.units_skipped} already done, {self.units_total} in all",
         )
         table.add_row("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}")
+        if self.rows_failed:
+            table.add_row("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)")
         if self.rows_skipped:
             table.add_row("rows already done", f"{self.rows_skipped:,}")
         table.add_row("wall time", f"{self.wall_seconds:.2f} s")

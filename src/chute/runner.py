@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from chute.errors import ChuteError
+from chute.errors import ChuteError, ModelError
 from chute.job import Job
 from chute.ledger import Ledger
 from chute.plan import Plan, build_plan
@@ -36,7 +36,9 @@ class Committer:
         self._parts: dict[int, list[PartRecord]] = defaultdict(list)
         self._totals: dict[int, int] = {}
         self.done: set[int] = set()
+        self.rows_in = 0
         self.rows_out = 0
+        self.rows_failed = 0
         self.parts = 0
         self.write = StageStats()
         self._tables: list[tuple[int, int, pa.Table]] = []
@@ -80,14 +82,20 @@ class Committer:
         entries = []
         for index in indexes:
             rows = self._totals[index]
+            parts = self._parts.pop(index)
+            failed = sum(p.error_rows for p in parts)
             self.done.add(index)
-            self.rows_out += rows
+            self.rows_in += rows
+            self.rows_out += rows - failed
+            self.rows_failed += failed
+            files = [f for p in parts for f in (p.path, p.errors_path) if f]
             entries.append(
                 {
                     "unit": self.units[index].id,
                     "index": index,
                     "rows": rows,
-                    "parts": [p.path for p in self._parts.pop(index)],
+                    "errors": failed,
+                    "parts": files,
                 }
             )
         if self.ledger is not None:
@@ -133,7 +141,10 @@ def run_job(
     committer = Committer(plan, ledger, bar)
     engine = _engine(plan, verbose)
     with bar:
-        stages = engine.execute(plan, committer.add) if plan.pending else {}
+        try:
+            stages = engine.execute(plan, committer.add) if plan.pending else {}
+        except ModelError as exc:
+            raise _located(exc, plan) from exc
     missing = committer.missing()
     if missing:
         names = ", ".join(u.id for u in missing[:5])
@@ -147,6 +158,14 @@ def run_job(
         ledger.finish(report.to_dict())
     report.result = committer.result()
     return report
+
+
+def _located(exc: ModelError, plan: Plan) -> ModelError:
+    """The model error with the failing unit named by its source (a file, a row range)."""
+    unit = next((u for u in plan.units if u.index == exc.unit), None)
+    if unit is None:
+        return exc
+    return ModelError(f"{exc}\n  unit {unit.index} is {unit.id}", unit=exc.unit, row=exc.row)
 
 
 def _engine(plan: Plan, verbose: bool) -> Any:
@@ -171,8 +190,9 @@ def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wal
         units_total=len(plan.units),
         units_done=len(committer.done),
         units_skipped=len(skipped),
-        rows_in=committer.rows_out,
+        rows_in=committer.rows_in,
         rows_out=committer.rows_out,
+        rows_failed=committer.rows_failed,
         rows_skipped=sum(u.rows or 0 for u in skipped),
         parts=committer.parts,
         wall_seconds=wall,

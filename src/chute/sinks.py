@@ -19,8 +19,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chute.plan import Output
-from chute.stages import KEY, decode
+from chute.stages import ERROR_COLUMNS, ERROR_MODEL, KEY, decode
 
+ERRORS_DIR = "_errors"
+"""Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
 EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
 
 
@@ -43,6 +45,10 @@ class PartRecord:
     """Time spent writing the part."""
     data: bytes = b""
     """Arrow IPC of the rows, only when the result is kept in memory."""
+    errors_path: str = ""
+    """The errors part holding the rows a model failed on (quarantine), if any."""
+    error_rows: int = 0
+    """How many of the part's rows went to the errors part instead of the output."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -55,6 +61,8 @@ RECORD_SCHEMA = pa.schema(
         ("nbytes", pa.int64()),
         ("seconds", pa.float64()),
         ("data", pa.binary()),
+        ("errors_path", pa.string()),
+        ("error_rows", pa.int64()),
     ]
 )
 
@@ -100,26 +108,83 @@ class PartWriter:
         if table.num_rows == 0:
             return []
         keys = table.column(KEY).to_numpy()
+        errors = (
+            table.select([*self.output.carryover, *ERROR_COLUMNS])
+            if (ERROR_MODEL in table.column_names)
+            else None
+        )
         table = table.select([*self.output.columns(table.column_names), KEY])
         return [
-            self._write_run(table.slice(lo, hi - lo), unit, start, total)
+            self._write_run(table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total)
             for lo, hi, unit, start, total in runs(keys)
         ]
 
-    def _write_run(self, part: pa.Table, unit: int, start: int, total: int) -> PartRecord:
+    def _write_run(
+        self, part: pa.Table, errors: pa.Table | None, unit: int, start: int, total: int
+    ) -> PartRecord:
         began = time.perf_counter()
         end = start + part.num_rows
+        failed = _failed_mask(errors)
+        if failed is None:
+            errors = None
+        else:
+            part = part.filter(pa.array(~failed))
+            errors = errors.filter(pa.array(failed)).rename_columns(  # type: ignore[union-attr]
+                [*self.output.carryover, "model", "error_type", "error_message"]
+            )
         if self.sink is None:
             data = _ipc(part)
-            return PartRecord(unit, start, end, total, "", len(data), 0.0, data)
+            return PartRecord(
+                unit,
+                start,
+                end,
+                total,
+                "",
+                len(data),
+                0.0,
+                data,
+                error_rows=0 if errors is None else errors.num_rows,
+            )
+        path = self._put(part.drop_columns([KEY]), unit, start, "") if part.num_rows else ""
+        bad = self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ""
+        return PartRecord(
+            unit,
+            start,
+            end,
+            total,
+            path,
+            part.nbytes,
+            time.perf_counter() - began,
+            errors_path=bad,
+            error_rows=0 if errors is None else errors.num_rows,
+        )
+
+    def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> str:
+        """Write ``table`` under a temporary name, rename it into place; its relative path."""
+        assert self.sink is not None
         name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[self.sink.format]}"
+        relative = f"{folder}/{name}" if folder else name
         fs, root = self._filesystem()
-        tmp = f"{root}/.{name}.tmp"
-        payload = encode(part.drop_columns([KEY]), self.sink.format)
+        if folder:
+            fs.create_dir(f"{root}/{folder}", recursive=True)
+        directory, _, base = f"{root}/{relative}".rpartition("/")
+        tmp = f"{directory}/.{base}.tmp"
         with fs.open_output_stream(tmp) as out:
-            out.write(payload)
-        fs.move(tmp, f"{root}/{name}")
-        return PartRecord(unit, start, end, total, name, len(payload), time.perf_counter() - began)
+            out.write(encode(table, self.sink.format))
+        fs.move(tmp, f"{root}/{relative}")
+        return relative
+
+
+def _slice(table: pa.Table | None, lo: int, hi: int) -> pa.Table | None:
+    return None if table is None else table.slice(lo, hi - lo)
+
+
+def _failed_mask(errors: pa.Table | None) -> np.ndarray | None:
+    """Which rows a model failed on, or ``None`` when none did."""
+    if errors is None:
+        return None
+    failed = errors.column(ERROR_MODEL).is_valid().to_numpy(zero_copy_only=False)
+    return failed if failed.any() else None
 
 
 def encode(table: pa.Table, fmt: str) -> bytes:

@@ -194,10 +194,11 @@ class ModelStage:
         self.name = model.name
         self.inputs = list(inputs)
         self.batch_format: BatchFormat = model.batch_format
+        self.on_error = model.on_error
         self.clock = StageClock()
         target = resolve(model.fn) if target is None else target
         args, kwargs = ctor if ctor is not None else (model.args, dict(model.kwargs))
-        self._predict = self._load(model, target, args, kwargs)
+        self._fn = self._load(model, target, args, kwargs)
 
     def _load(
         self, model: Model, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -220,18 +221,125 @@ class ModelStage:
         return instance  # type: ignore[no-any-return]
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""
         started = time.perf_counter()
-        batch = to_format(table.select(self.inputs), self.batch_format)
-        try:
-            out = self._predict(batch)
-        except Exception as exc:
-            raise ModelError(f"model {self.name!r} raised {type(exc).__name__}: {exc}") from exc
-        for name, array in to_columns(
-            out, self.name, table.num_rows, f"model {self.name!r}"
-        ).items():
+        healthy = _healthy_rows(table)
+        view = table if healthy is None else table.take(pa.array(healthy))
+        pieces, failures = self._predict_isolating(view)
+        positions = np.arange(view.num_rows) if healthy is None else healthy
+        done = np.concatenate([positions[lo:hi] for lo, hi, _ in pieces] or [np.empty(0, int)])
+        for name, array in _scatter(pieces, done, table.num_rows).items():
+            if name in table.column_names:
+                raise ModelError(
+                    f"model {self.name!r} returned column {name!r}, but the batch already has "
+                    "a column of that name: rename the model or its output."
+                )
             table = table.append_column(name, array)
+        if failures:
+            table = mark_failed(
+                table, positions[[i for i, _ in failures]], self.name, [exc for _, exc in failures]
+            )
         self.clock.record(time.perf_counter() - started, table.num_rows)
         return table
+
+    def _predict(self, view: pa.Table) -> dict[str, pa.Array]:
+        out = self._fn(to_format(view.select(self.inputs), self.batch_format))
+        return to_columns(out, self.name, view.num_rows, f"model {self.name!r}")
+
+    def _predict_isolating(
+        self, view: pa.Table
+    ) -> tuple[list[tuple[int, int, dict[str, pa.Array]]], list[tuple[int, Exception]]]:
+        """Predict ``view``; on an exception, bisect to the rows that raise.
+
+        Returns the predicted pieces as (first row, end row, columns) and the failed rows.
+        Under ``fail`` the first failing row is found and raised with its position.
+        """
+        pieces: list[tuple[int, int, dict[str, pa.Array]]] = []
+        failures: list[tuple[int, Exception]] = []
+        pending = [(0, view.num_rows)] if view.num_rows else []
+        while pending:
+            lo, hi = pending.pop()
+            try:
+                pieces.append((lo, hi, self._predict(view.slice(lo, hi - lo))))
+            except ModelError:
+                raise
+            except Exception as exc:
+                if hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    pending += [(mid, hi), (lo, mid)]  # the lower half is tried first
+                elif self.on_error == "quarantine":
+                    failures.append((lo, exc))
+                else:
+                    raise self._fatal(view, lo, exc) from exc
+        pieces.sort(key=lambda piece: piece[0])
+        return pieces, sorted(failures, key=lambda failure: failure[0])
+
+    def _fatal(self, view: pa.Table, row: int, exc: Exception) -> ModelError:
+        keys = view.column(KEY).to_numpy()[row : row + 1]
+        unit, position, _ = decode(keys)
+        shown = {k: v for k, v in view.slice(row, 1).to_pylist()[0].items() if k != KEY}
+        text = repr(shown)
+        text = text if len(text) <= 500 else text[:500] + "…"
+        return ModelError(
+            f"model {self.name!r} raised {type(exc).__name__}: {exc} — on row {int(position[0])}"
+            f" of unit {int(unit[0])}; the row: {text}. Fix the model or the data, or set "
+            "on_error: quarantine to write such rows to the errors dataset and go on.",
+            unit=int(unit[0]),
+            row=int(position[0]),
+        )
+
+
+ERROR_MODEL = "__chute_error_model"
+ERROR_TYPE = "__chute_error_type"
+ERROR_MESSAGE = "__chute_error_message"
+ERROR_COLUMNS = (ERROR_MODEL, ERROR_TYPE, ERROR_MESSAGE)
+
+
+def _healthy_rows(table: pa.Table) -> np.ndarray | None:
+    """Positions of rows no earlier model failed on, or ``None`` when that is all rows."""
+    if ERROR_MODEL not in table.column_names:
+        return None
+    failed = table.column(ERROR_MODEL).is_null().to_numpy(zero_copy_only=False)
+    return None if failed.all() else np.flatnonzero(failed)
+
+
+def _scatter(
+    pieces: list[tuple[int, int, dict[str, pa.Array]]], done: np.ndarray, num_rows: int
+) -> dict[str, pa.Array]:
+    """Full-length columns from predicted pieces, null where a row was not predicted."""
+    if not pieces:
+        return {}
+    names = list(pieces[0][2])
+    joined = {n: pa.concat_arrays([p[2][n] for p in pieces]) for n in names}
+    if len(done) == num_rows:
+        return joined
+    index = np.full(num_rows, -1, dtype=np.int64)
+    index[done] = np.arange(len(done))
+    take = pa.array(index, mask=index < 0)
+    return {n: column.take(take) for n, column in joined.items()}
+
+
+def mark_failed(
+    table: pa.Table, rows: np.ndarray, model: str, errors: Sequence[Exception]
+) -> pa.Table:
+    """Record that ``model`` raised ``errors`` on ``rows`` (positions in ``table``)."""
+    columns = {}
+    for name, values in zip(
+        ERROR_COLUMNS,
+        ([model] * len(errors), [type(e).__name__ for e in errors], [str(e) for e in errors]),
+        strict=True,
+    ):
+        full = np.full(table.num_rows, None, dtype=object)
+        if name in table.column_names:
+            full[:] = table.column(name).to_numpy(zero_copy_only=False)
+        full[rows] = values
+        columns[name] = pa.array(full, type=pa.string())
+    for name, array in columns.items():
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, array)
+        else:
+            table = table.append_column(name, array)
+    return table
 
 
 class PreprocessStage:

@@ -170,8 +170,8 @@ def quiet_data(verbose: bool) -> Iterator[None]:
     ctx.raise_original_map_exception = True
     data_log = logging.getLogger("ray.data")
     level = data_log.level
-    if not verbose:
-        data_log.setLevel(logging.ERROR)
+    if not verbose:  # chute re-raises a failed job's error itself, once and readably
+        data_log.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
@@ -373,6 +373,9 @@ def _unwrap(exc: Exception) -> Exception:
     while cause is not None and not isinstance(cause, ChuteError):
         cause = getattr(cause, "__cause__", None) or getattr(cause, "cause", None)
     if isinstance(cause, ChuteError):
+        # Ray Data appends its retry advice to the message in place: not chute's advice.
+        text = str(cause).split("\nFailed to apply ")[0]
+        cause.args = (text, *cause.args[1:])
         return cause
     found = _CHUTE_ERROR_LINE.findall(str(exc))
     kind = getattr(errors, found[-1][0], None) if found else None
