@@ -1,0 +1,95 @@
+"""Bad records: on_error fail (stop, show the unit and the row) and quarantine (isolate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+
+ROWS = 100_000
+BAD = (17, 54_321, 99_999)
+
+
+class Picky:
+    """Raises on a batch that holds any of the bad ids (a model that chokes on some rows)."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = batch["id"]
+        found = np.intersect1d(ids, BAD)
+        if found.size:
+            raise ValueError(f"cannot score id {int(found[0])}")
+        return {"score": ids * 2.0}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """100,000 rows over four Parquet files."""
+    root = tmp_path_factory.mktemp("bad-records")
+    ids = np.arange(ROWS)
+    for i, chunk in enumerate(np.array_split(ids, 4)):
+        table = pa.table({"id": chunk, "label": pa.array([f"r{v}" for v in chunk])})
+        pq.write_table(table, root / f"part{i}.parquet")
+    return root
+
+
+def _job(data: Path, out: Path, engine: str, **model: Any) -> chute.Job:
+    scorer = chute.Model("m", Picky, inputs=("id",), batch_format="numpy", **model)
+    follow = chute.Model("n", lambda b: np.asarray(b["m_score"]) + 1, inputs=("m_score",))
+    return chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(scorer, follow),
+        carryover=("id", "label"),
+        output=chute.Sink(str(out)),
+        engine=engine,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.timeout(240)
+def test_quarantine_isolates_exactly_the_rows_that_raise(
+    data: Path, tmp_path: Path, engine: str
+) -> None:
+    report = _job(data, tmp_path / "out", engine, on_error="quarantine").run()
+    out = pd.read_parquet(tmp_path / "out")
+    errors = pd.read_parquet(tmp_path / "out" / "_errors")
+    assert len(out) == ROWS - len(BAD) == report.rows_out
+    assert sorted(out.id) == sorted(set(range(ROWS)) - set(BAD))
+    assert (out.m_score == out.id * 2.0).all() and (out.n == out.m_score + 1).all()
+    assert sorted(errors.id) == list(BAD)
+    assert list(errors.columns) == ["id", "label", "model", "error_type", "error_message"]
+    assert set(errors.model) == {"m"} and set(errors.error_type) == {"ValueError"}
+    assert {f"cannot score id {i}" for i in BAD} == set(errors.error_message)
+    assert errors.set_index("id").label.to_dict() == {i: f"r{i}" for i in BAD}
+    assert (report.rows_in, report.rows_failed) == (ROWS, len(BAD))
+    assert (tmp_path / "out" / "_SUCCESS").exists()
+
+
+@pytest.mark.timeout(240)
+def test_fail_stops_naming_the_unit_and_showing_the_row(
+    data: Path, tmp_path: Path, engine: str
+) -> None:
+    with pytest.raises(chute.ModelError) as info:
+        _job(data, tmp_path / "out", engine).run()
+    message = str(info.value)
+    assert "model 'm' raised ValueError: cannot score id 17" in message
+    assert "on row 17 of unit 0" in message and "part0.parquet" in message
+    assert "'id': 17" in message and "'label': 'r17'" in message
+    assert "on_error: quarantine" in message
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_a_model_that_fails_on_every_row_of_a_batch_is_quarantined_whole() -> None:
+    def refuse(batch: pa.Table) -> Any:
+        raise RuntimeError("nope")
+
+    stage = chute.Model("m", refuse, inputs=("x",), on_error="quarantine")
+    table = pa.table({"x": [1, 2, 3]})
+    job = chute.Job(source=chute.TableSource(table), models=(stage,), carryover=("x",))
+    report = job.run()
+    assert (report.rows_in, report.rows_out, report.rows_failed) == (3, 0, 3)
