@@ -95,6 +95,7 @@ class JobConfig(_Strict):
     output: OutputConfig
     engine: Literal["auto", "local", "ray"] = "auto"
     address: str | None = None
+    on_bad_input: Literal["fail", "skip"] = "fail"
 
 
 def load_job(path: str, **overrides: Any) -> Job:
@@ -163,6 +164,7 @@ def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
         preprocess=_preprocess(config.preprocess, base),
         engine=overrides.get("engine", config.engine),
         address=overrides.get("address", config.address),
+        on_bad_input=config.on_bad_input,
     )
 
 

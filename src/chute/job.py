@@ -26,6 +26,7 @@ OutputFormat = Literal["parquet", "csv", "jsonl"]
 OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "csv", "jsonl")
 EngineName = Literal["auto", "local", "ray"]
 OnError = Literal["fail", "quarantine"]
+OnBadInput = Literal["fail", "skip"]
 ON_ERROR: tuple[str, ...] = ("fail", "quarantine")
 ENGINES: tuple[str, ...] = ("auto", "local", "ray")
 
@@ -246,10 +247,15 @@ class Job:
     engine: EngineName = "auto"
     address: str | None = None
     """A Ray cluster address; implies the ray engine."""
+    on_bad_input: OnBadInput = "fail"
+    """``fail`` stops on an unreadable or drifted input unit, naming it; ``skip`` leaves it
+    out and lists it in the report."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "carryover", tuple(self.carryover))
+        if self.on_bad_input not in ("fail", "skip"):
+            raise ConfigError(f"on_bad_input {self.on_bad_input!r} is not one of fail, skip.")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}.")
         names = [m.name for m in self.models]
@@ -278,6 +284,7 @@ class Job:
             "carryover": list(self.carryover),
             "preprocess": _fn_name(self.preprocess.fn) if self.preprocess else None,
             "format": self.output.format if self.output else None,
+            "on_bad_input": self.on_bad_input,
         }
 
     def fingerprint(self) -> str:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from chute.errors import ConfigError, DataError
 from chute.job import BatchFormat, Job, Model, Sink
 from chute.sources import READ_BATCH_ROWS, DatasetSource, Source, Unit, check_columns
-from chute.stages import KEY, tag
+from chute.stages import KEY, skip_marker, tag
 
 
 @dataclass(frozen=True)
@@ -68,25 +68,70 @@ class Plan:
             tuple(self.source_columns),
         )
 
+    schema: pa.Schema | None = None
+    """The columns read, as the first input file has them."""
+    reference: str | None = None
+    """The file ``schema`` comes from."""
+
     @property
     def reader(self) -> Reader:
-        return Reader(self.source, self.read_columns)
+        skip = self.job.on_bad_input == "skip"
+        return Reader(self.source, self.read_columns, self.schema, self.reference, skip)
 
 
 @dataclass(frozen=True)
 class Reader:
-    """Reads units into tagged batches; small and picklable, shipped to read tasks."""
+    """Reads units into tagged batches; small and picklable, shipped to read tasks.
+
+    Every unit is conformed to ``schema`` (the planned columns, from the first file): a
+    column that is missing, or whose type cannot be cast safely, is schema drift, named
+    with both files. With ``skip_bad`` a unit that cannot be read becomes a skip marker.
+    """
 
     source: Source
     columns: list[str] | None
+    schema: pa.Schema | None = None
+    reference: str | None = None
+    skip_bad: bool = False
 
     def __call__(self, unit: Unit) -> Iterator[pa.Table]:
-        table = self.source.read(unit, self.columns)
+        try:
+            table = self._conform(self.source.read(unit, self.columns), unit)
+        except DataError as exc:
+            if not self.skip_bad:
+                raise
+            yield skip_marker(unit.index, str(exc))
+            return
         if unit.rows is not None and table.num_rows > unit.rows:
             table = table.slice(0, unit.rows)  # a --limit cut this unit short
         total = table.num_rows
         for start in range(0, total, READ_BATCH_ROWS):
             yield tag(table.slice(start, READ_BATCH_ROWS), unit.index, start, total)
+
+    def _conform(self, table: pa.Table, unit: Unit) -> pa.Table:
+        if self.schema is None:
+            return table
+        columns = []
+        for want in self.schema:
+            got = table.schema.field(want.name) if want.name in table.column_names else None
+            if got is None or (pa.types.is_null(got.type) and not pa.types.is_null(want.type)):
+                raise DataError(
+                    f"schema drift: column {want.name!r} is in {self.reference} but not in "
+                    f"{unit.path or unit.id}. Make the files agree, or drop the column from "
+                    "the job, or set on_bad_input: skip to leave such files out."
+                )
+            column = table.column(want.name)
+            if got.type != want.type:
+                try:
+                    column = column.cast(want.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise DataError(
+                        f"schema drift: column {want.name!r} is {want.type} in {self.reference} "
+                        f"but {got.type} in {unit.path or unit.id}, and cannot be cast ({exc}). "
+                        "Make the files agree, or set on_bad_input: skip to leave such files out."
+                    ) from exc
+            columns.append(column)
+        return pa.Table.from_arrays(columns, schema=self.schema)
 
 
 @dataclass(frozen=True)
@@ -148,6 +193,10 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     engine, reason = choose_engine(job)
     plan = Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
     plan.source_columns = list(schema.names)
+    plan.schema = (
+        schema if read_columns is None else pa.schema([schema.field(c) for c in read_columns])
+    )
+    plan.reference = units[0].path or units[0].id
     return plan
 
 

@@ -59,6 +59,8 @@ class Report:
     stages: dict[str, StageStats] = field(default_factory=dict)
     rows_failed: int = 0
     """Rows a model raised on, written to the errors dataset (quarantine)."""
+    units_bad: list[dict[str, str]] = field(default_factory=list)
+    """Input units that could not be read and were skipped (on_bad_input: skip)."""
     complete: bool = True
     result: pa.Table | None = None
 
@@ -87,6 +89,8 @@ class Report:
             f"{self.units_done} run, {self.units_skipped} already done, {self.units_total} in all",
         )
         table.add_row("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}")
+        for bad in self.units_bad:
+            table.add_row("skipped input", f"{bad['unit']}: {bad['error']}")
         if self.rows_failed:
             table.add_row("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)")
         if self.rows_skipped:

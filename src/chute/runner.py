@@ -39,6 +39,7 @@ class Committer:
         self.rows_in = 0
         self.rows_out = 0
         self.rows_failed = 0
+        self.skipped: list[dict[str, str]] = []
         self.parts = 0
         self.write = StageStats()
         self._tables: list[tuple[int, int, pa.Table]] = []
@@ -79,29 +80,33 @@ class Committer:
     def _commit(self, indexes: list[int]) -> None:
         if not indexes:
             return
-        entries = []
-        for index in indexes:
-            rows = self._totals[index]
-            parts = self._parts.pop(index)
-            failed = sum(p.error_rows for p in parts)
-            self.done.add(index)
-            self.rows_in += rows
-            self.rows_out += rows - failed
-            self.rows_failed += failed
-            files = [f for p in parts for f in (p.path, p.errors_path) if f]
-            entries.append(
-                {
-                    "unit": self.units[index].id,
-                    "index": index,
-                    "rows": rows,
-                    "errors": failed,
-                    "parts": files,
-                }
-            )
+        entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
         if self.ledger is not None:
             self.ledger.commit(entries)
         if self.bar is not None:
             self.bar.describe(f"units {len(self.done)}/{len(self.units)}")
+
+    def _entry(self, index: int, parts: list[PartRecord]) -> dict[str, Any]:
+        """Count a complete unit and describe it for the ledger."""
+        unit = self.units[index]
+        skipped = next((p.skipped for p in parts if p.skipped), "")
+        rows = 0 if skipped else self._totals[index]
+        failed = sum(p.error_rows for p in parts)
+        self.done.add(index)
+        self.rows_in += rows
+        self.rows_out += rows - failed
+        self.rows_failed += failed
+        entry: dict[str, Any] = {
+            "unit": unit.id,
+            "index": index,
+            "rows": rows,
+            "errors": failed,
+            "parts": [f for p in parts for f in (p.path, p.errors_path) if f],
+        }
+        if skipped:
+            entry["skipped"] = skipped
+            self.skipped.append({"unit": unit.id, "error": skipped})
+        return entry
 
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]
@@ -193,6 +198,7 @@ def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wal
         rows_in=committer.rows_in,
         rows_out=committer.rows_out,
         rows_failed=committer.rows_failed,
+        units_bad=committer.skipped,
         rows_skipped=sum(u.rows or 0 for u in skipped),
         parts=committer.parts,
         wall_seconds=wall,

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chute.plan import Output
-from chute.stages import ERROR_COLUMNS, ERROR_MODEL, KEY, decode
+from chute.stages import ERROR_COLUMNS, ERROR_MESSAGE, ERROR_MODEL, KEY, SKIPPED, decode
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
@@ -49,6 +49,8 @@ class PartRecord:
     """The errors part holding the rows a model failed on (quarantine), if any."""
     error_rows: int = 0
     """How many of the part's rows went to the errors part instead of the output."""
+    skipped: str = ""
+    """Why the unit could not be read, for a skipped unit (on_bad_input: skip)."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -63,6 +65,7 @@ RECORD_SCHEMA = pa.schema(
         ("data", pa.binary()),
         ("errors_path", pa.string()),
         ("error_rows", pa.int64()),
+        ("skipped", pa.string()),
     ]
 )
 
@@ -108,12 +111,10 @@ class PartWriter:
         if table.num_rows == 0:
             return []
         keys = table.column(KEY).to_numpy()
-        errors = (
-            table.select([*self.output.carryover, *ERROR_COLUMNS])
-            if (ERROR_MODEL in table.column_names)
-            else None
-        )
-        table = table.select([*self.output.columns(table.column_names), KEY])
+        errors = None
+        if ERROR_MODEL in table.column_names:
+            errors = _select(table, [*self.output.carryover, *ERROR_COLUMNS])
+        table = _select(table, [*self.output.columns(table.column_names), KEY])
         return [
             self._write_run(table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total)
             for lo, hi, unit, start, total in runs(keys)
@@ -124,29 +125,26 @@ class PartWriter:
     ) -> PartRecord:
         began = time.perf_counter()
         end = start + part.num_rows
+        if errors is not None and errors.column(ERROR_MODEL)[0].as_py() == SKIPPED:
+            reason = str(errors.column(ERROR_MESSAGE)[0].as_py())  # an unreadable unit
+            return PartRecord(unit, start, end, total, "", 0, 0.0, skipped=reason)
         failed = _failed_mask(errors)
-        if failed is None:
+        if failed is None or errors is None:
             errors = None
         else:
             part = part.filter(pa.array(~failed))
-            errors = errors.filter(pa.array(failed)).rename_columns(  # type: ignore[union-attr]
+            errors = errors.filter(pa.array(failed)).rename_columns(
                 [*self.output.carryover, "model", "error_type", "error_message"]
             )
+        error_rows = 0 if errors is None else errors.num_rows
         if self.sink is None:
             data = _ipc(part)
             return PartRecord(
-                unit,
-                start,
-                end,
-                total,
-                "",
-                len(data),
-                0.0,
-                data,
-                error_rows=0 if errors is None else errors.num_rows,
+                unit, start, end, total, "", len(data), 0.0, data, error_rows=error_rows
             )
         path = self._put(part.drop_columns([KEY]), unit, start, "") if part.num_rows else ""
         bad = self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ""
+        seconds = time.perf_counter() - began
         return PartRecord(
             unit,
             start,
@@ -154,9 +152,9 @@ class PartWriter:
             total,
             path,
             part.nbytes,
-            time.perf_counter() - began,
+            seconds,
             errors_path=bad,
-            error_rows=0 if errors is None else errors.num_rows,
+            error_rows=error_rows,
         )
 
     def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> str:
@@ -173,6 +171,14 @@ class PartWriter:
             out.write(encode(table, self.sink.format))
         fs.move(tmp, f"{root}/{relative}")
         return relative
+
+
+def _select(table: pa.Table, names: list[str]) -> pa.Table:
+    """``table.select(names)``, with nulls for columns a batch lacks (a skip marker's)."""
+    columns = [
+        table.column(n) if n in table.column_names else pa.nulls(table.num_rows) for n in names
+    ]
+    return pa.Table.from_arrays(columns, names=names)
 
 
 def _slice(table: pa.Table | None, lo: int, hi: int) -> pa.Table | None:

@@ -23,6 +23,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from chute.errors import DataError, missing_columns_error
+from chute.retry import retrying
 
 FORMATS = {
     ".parquet": "parquet",
@@ -232,26 +233,37 @@ class FileSource:
         return path
 
     def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        """Read a unit; columns the file lacks are left out (the reader names the drift)."""
         assert unit.path is not None
         if self.format is None:
             self.files()  # infers the format: never read Parquet as JSON
+        path = unit.path
         try:
-            if self.format == "parquet":
-                pf = pq.ParquetFile(self._open(unit.path))
-                cols = list(columns) if columns is not None else None
-                return pf.read_row_groups(list(unit.row_groups or ()), columns=cols)
-            return self._read_file(unit.path, columns)
+            return retrying(lambda: self._read_unit(path, unit, columns), f"reading {path}")
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read input file {unit.path!r}: {exc}") from exc
+            raise DataError(f"cannot read input file {path!r}: {exc}") from exc
+
+    def _read_unit(self, path: str, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        if self.format == "parquet":
+            pf = pq.ParquetFile(self._open(path))
+            names = pf.schema_arrow.names
+            cols = [c for c in columns if c in names] if columns is not None else None
+            return pf.read_row_groups(list(unit.row_groups or ()), columns=cols)
+        return self._read_file(path, columns)
 
     def _read_file(self, path: str, columns: Sequence[str] | None) -> pa.Table:
         with self._open(path) as handle:
             if self.format == "csv":
-                opts = pacsv.ConvertOptions(include_columns=list(columns) if columns else None)
+                opts = pacsv.ConvertOptions(
+                    include_columns=list(columns) if columns else None,
+                    include_missing_columns=True,
+                )
                 table = pacsv.read_csv(handle, convert_options=opts)
             else:
                 table = pajson.read_json(io.BytesIO(handle.read()))
-        return table.select(list(columns)) if columns is not None else table
+        if columns is None:
+            return table
+        return table.select([c for c in columns if c in table.column_names])
 
     def describe(self) -> dict[str, Any]:
         files = self.files()

@@ -295,6 +295,23 @@ ERROR_MESSAGE = "__chute_error_message"
 ERROR_COLUMNS = (ERROR_MODEL, ERROR_TYPE, ERROR_MESSAGE)
 
 
+SKIPPED = "<input>"
+"""The error "model" of a skip marker: a unit that could not be read (on_bad_input: skip)."""
+
+
+def skip_marker(unit_index: int, message: str) -> pa.Table:
+    """One row standing for a whole unreadable unit; writers record it, nothing predicts it."""
+    key = -((unit_index << ROW_BITS) + 0) - 1  # row 0, and the last row: a unit of one
+    return pa.table(
+        {
+            KEY: pa.array([key], pa.int64()),
+            ERROR_MODEL: pa.array([SKIPPED], pa.string()),
+            ERROR_TYPE: pa.array(["DataError"], pa.string()),
+            ERROR_MESSAGE: pa.array([message], pa.string()),
+        }
+    )
+
+
 def _healthy_rows(table: pa.Table) -> np.ndarray | None:
     """Positions of rows no earlier model failed on, or ``None`` when that is all rows."""
     if ERROR_MODEL not in table.column_names:
