@@ -35,7 +35,7 @@ TRANSIENT_ERRNOS = {
     errno.EHOSTUNREACH,
 }
 TRANSIENT_TEXT = re.compile(
-    r"time ?out|timed out|connection|temporar|throttl|slow ?down|unavailable|try again|"
+    r"time ?out|timed out|connection|temporar|throttl|slow[ _]?down|unavailable|try again|"
     r"broken pipe|reset by peer|\b(429|500|502|503|504)\b",
     re.IGNORECASE,
 )

@@ -190,8 +190,8 @@ class FileSource:
         first = self.files()[0]
         try:
             if self.format == "parquet":
-                return pq.read_schema(self._open(first))
-            return self._read_file(first, None).schema
+                return retrying(lambda: pq.read_schema(self._open(first)), f"reading {first}")
+            return retrying(lambda: self._read_file(first, None), f"reading {first}").schema
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read the schema of {first!r}: {exc}") from exc
 
@@ -208,7 +208,7 @@ class FileSource:
 
     def _footer(self, path: str) -> pq.FileMetaData:
         try:
-            return pq.read_metadata(self._open(path))
+            return retrying(lambda: pq.read_metadata(self._open(path)), f"reading {path}")
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read the Parquet footer of {path!r}: {exc}") from exc
 

@@ -1,0 +1,159 @@
+"""Bad input units (corrupt, drifted) and transient read errors, on both engines."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+from chute.retry import retrying, transient
+
+
+def _write(path: Path, ids: range, x: Any) -> None:
+    pq.write_table(pa.table({"id": np.asarray(ids), "x": x}), path)
+
+
+@pytest.fixture
+def messy(tmp_path: Path) -> Path:
+    """Six files: three good, one corrupt, one without column x, one with x as strings."""
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(3):
+        _write(root / f"f{i}.parquet", range(i * 100, i * 100 + 100), np.arange(100.0))
+    _write(root / "f3.parquet", range(300, 400), np.arange(100.0))
+    with open(root / "f3.parquet", "r+b") as f:
+        f.seek(30)
+        f.write(b"garbage!" * 20)
+    pq.write_table(
+        pa.table({"id": np.arange(400, 500), "y": np.arange(100.0)}), root / "f4.parquet"
+    )
+    _write(root / "f5.parquet", range(500, 600), pa.array(["a"] * 100))
+    return root
+
+
+def _job(source: chute.FileSource, out: Path, engine: str, policy: str = "fail") -> chute.Job:
+    model = chute.Model("m", lambda b: np.asarray(b["x"]) * 2, inputs=("x",))
+    return chute.Job(
+        source=source,
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine=engine,
+        on_bad_input=policy,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.timeout(180)
+def test_skip_leaves_bad_units_out_and_lists_them(messy: Path, tmp_path: Path, engine: str) -> None:
+    report = _job(chute.FileSource(str(messy)), tmp_path / "out", engine, "skip").run()
+    out = pd.read_parquet(tmp_path / "out")
+    assert sorted(out.id) == list(range(300))
+    assert (out.m == out.id % 100 * 2.0).all()
+    bad = {b["unit"].rsplit("/", 1)[1]: b["error"] for b in report.units_bad}
+    assert sorted(bad) == ["f3.parquet", "f4.parquet", "f5.parquet"]
+    assert "cannot read input file" in bad["f3.parquet"]
+    assert "column 'x' is in" in bad["f4.parquet"] and "f0.parquet" in bad["f4.parquet"]
+    assert "double in" in bad["f5.parquet"] and "but string in" in bad["f5.parquet"]
+    assert (report.rows_in, report.units_done) == (300, 6)
+    resumed = _job(chute.FileSource(str(messy)), tmp_path / "out", engine, "skip").run()
+    assert resumed.units_done == 0 and resumed.units_skipped == 6
+
+
+@pytest.mark.parametrize(
+    ("keep", "message"),
+    [
+        pytest.param("f3", "cannot read input file", id="corrupt"),
+        pytest.param("f4", "schema drift: column 'x' is in", id="missing-column"),
+        pytest.param("f5", "schema drift: column 'x' is double in", id="retyped-column"),
+    ],
+)
+@pytest.mark.timeout(180)
+def test_fail_names_the_bad_file(
+    messy: Path, tmp_path: Path, engine: str, keep: str, message: str
+) -> None:
+    for name in ("f3", "f4", "f5"):
+        if name != keep:
+            (messy / f"{name}.parquet").unlink()
+    with pytest.raises(chute.DataError) as info:
+        _job(chute.FileSource(str(messy)), tmp_path / "out", engine).run()
+    assert message in str(info.value)
+    assert f"{keep}.parquet" in str(info.value)
+    if keep != "f3":
+        assert "f0.parquet" in str(info.value)  # drift names both files
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+class FlakySource(chute.FileSource):
+    """Each file fails to open twice with a transient I/O error, then opens (across processes:
+    the count is kept in a file next to the data)."""
+
+    def _open(self, path: str) -> Any:
+        tally = Path(path + ".opens")
+        count = int(tally.read_text()) if tally.exists() else 0
+        tally.write_text(str(count + 1))
+        if count < 2:
+            raise OSError(errno.EIO, f"simulated flaky read of {path}")
+        return super()._open(path)
+
+
+@pytest.mark.timeout(180)
+def test_transient_read_errors_are_retried(tmp_path: Path, engine: str) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(3):
+        _write(root / f"f{i}.parquet", range(i * 10, i * 10 + 10), np.arange(10.0))
+    report = _job(FlakySource(str(root)), tmp_path / "out", engine).run()
+    assert sorted(pd.read_parquet(tmp_path / "out").id) == list(range(30))
+    assert report.rows_out == 30
+    opens = sorted(int(t.read_text()) for t in root.glob("*.opens"))
+    assert len(opens) == 3 and min(opens) > 2  # two failures each, then success
+
+
+def test_retrying_backs_off_then_gives_up() -> None:
+    waits: list[float] = []
+    calls = []
+
+    def flaky() -> int:
+        calls.append(1)
+        raise ConnectionResetError("reset by peer")
+
+    with pytest.raises(ConnectionResetError):
+        retrying(flaky, "x", attempts=4, base_delay=0.1, sleep=waits.append)
+    assert len(calls) == 4 and waits == [0.1, 0.2, 0.4]
+
+
+def test_permanent_errors_are_not_retried() -> None:
+    calls = []
+
+    def missing() -> None:
+        calls.append(1)
+        raise FileNotFoundError("gone")
+
+    with pytest.raises(FileNotFoundError):
+        retrying(missing, "x", sleep=lambda _: None)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        pytest.param(ConnectionResetError(), True, id="connection-reset"),
+        pytest.param(TimeoutError(), True, id="timeout"),
+        pytest.param(OSError(errno.EIO, "i/o"), True, id="eio"),
+        pytest.param(OSError("AWS Error SLOW_DOWN during GetObject"), True, id="s3-throttle"),
+        pytest.param(OSError("HTTP 503 Service Unavailable"), True, id="http-503"),
+        pytest.param(OSError("Corrupt snappy compressed data."), False, id="corrupt-data"),
+        pytest.param(FileNotFoundError("x"), False, id="missing-file"),
+        pytest.param(PermissionError("x"), False, id="access-denied"),
+        pytest.param(ValueError("x"), False, id="not-io"),
+    ],
+)
+def test_transient_classification(exc: BaseException, expected: bool) -> None:
+    assert transient(exc) is expected
