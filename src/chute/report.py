@@ -61,6 +61,8 @@ class Report:
     """Rows a model raised on, written to the errors dataset (quarantine)."""
     units_bad: list[dict[str, str]] = field(default_factory=list)
     """Input units that could not be read and were skipped (on_bad_input: skip)."""
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds since the start, rows committed), sampled at commits."""
     complete: bool = True
     result: pa.Table | None = None
 

@@ -40,6 +40,9 @@ class Committer:
         self.rows_out = 0
         self.rows_failed = 0
         self.skipped: list[dict[str, str]] = []
+        self._started = time.perf_counter()
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        """(seconds since start, rows committed) after each commit: throughput over the run."""
         self.parts = 0
         self.write = StageStats()
         self._tables: list[tuple[int, int, pa.Table]] = []
@@ -81,6 +84,7 @@ class Committer:
         if not indexes:
             return
         entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
+        self.timeline.append((round(time.perf_counter() - self._started, 3), self.rows_in))
         if self.ledger is not None:
             self.ledger.commit(entries)
         if self.bar is not None:
@@ -165,6 +169,14 @@ def run_job(
     return report
 
 
+def _thin(points: list[tuple[float, int]], most: int = 200) -> list[tuple[float, int]]:
+    """At most ``most`` points, evenly picked, always keeping the last."""
+    if len(points) <= most:
+        return points
+    step = len(points) / most
+    return [points[int(i * step)] for i in range(most - 1)] + [points[-1]]
+
+
 def _located(exc: ModelError, plan: Plan) -> ModelError:
     """The model error with the failing unit named by its source (a file, a row range)."""
     unit = next((u for u in plan.units if u.index == exc.unit), None)
@@ -199,6 +211,7 @@ def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wal
         rows_out=committer.rows_out,
         rows_failed=committer.rows_failed,
         units_bad=committer.skipped,
+        timeline=_thin(committer.timeline),
         rows_skipped=sum(u.rows or 0 for u in skipped),
         parts=committer.parts,
         wall_seconds=wall,
