@@ -157,6 +157,18 @@ def status(output: str) -> None:
 
 
 @main.command()
+@click.argument("output")
+@handle_errors
+def report(output: str) -> None:
+    """Print the report of a finished or partial run again and (re)write its HTML."""
+    from chute.planview import rewrite_report
+
+    summary, html_path = rewrite_report(output)
+    console.print(summary.render())
+    console.print(f"HTML report: {html_path}")
+
+
+@main.command()
 @click.option(
     "--dir",
     "directory",

@@ -19,8 +19,6 @@ import io
 from collections.abc import Iterable
 from typing import Any
 
-from chute.errors import ConfigError
-
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
@@ -137,16 +135,17 @@ def _run_plots(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _svg(spec: dict[str, Any]) -> str:
-    """One plot as inline SVG."""
+    """One plot as inline SVG (a note instead, where matplotlib is not installed)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ConfigError(
-            "the HTML report draws its plots with matplotlib: pip install 'chute[report]'"
-        ) from exc
+    except ImportError:
+        return (
+            f"<p>{html.escape(spec.get('title', ''))}: install matplotlib to draw the "
+            "plots (pip install 'chute[report]').</p>"
+        )
     figure, axes = plt.subplots(figsize=(5.2, 3.6))
     try:
         _draw(axes, spec)

@@ -247,6 +247,8 @@ class Job:
     engine: EngineName = "auto"
     address: str | None = None
     """A Ray cluster address; implies the ray engine."""
+    metrics: tuple[Any, ...] = ()
+    """:class:`chute.metrics.Metric` objects computed in the same pass, reported per model."""
     on_bad_input: OnBadInput = "fail"
     """``fail`` stops on an unreadable or drifted input unit, naming it; ``skip`` leaves it
     out and lists it in the report."""
@@ -254,6 +256,7 @@ class Job:
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "carryover", tuple(self.carryover))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
         if self.on_bad_input not in ("fail", "skip"):
             raise ConfigError(f"on_bad_input {self.on_bad_input!r} is not one of fail, skip.")
         if self.engine not in ENGINES:
@@ -285,6 +288,7 @@ class Job:
             "preprocess": _fn_name(self.preprocess.fn) if self.preprocess else None,
             "format": self.output.format if self.output else None,
             "on_bad_input": self.on_bad_input,
+            "metrics": [repr(m) for m in self.metrics],
         }
 
     def fingerprint(self) -> str:

@@ -14,7 +14,8 @@ from typing import Literal
 
 import pyarrow as pa
 
-from chute.errors import ConfigError, DataError
+from chute.errors import ConfigError, DataError, missing_columns_error
+from chute.evaluation import Evaluation
 from chute.job import BatchFormat, Job, Model, Sink
 from chute.sources import READ_BATCH_ROWS, DatasetSource, Source, Unit, check_columns
 from chute.stages import KEY, skip_marker, tag
@@ -66,7 +67,12 @@ class Plan:
             tuple(self.carryover),
             tuple(m.name for m in self.job.models),
             tuple(self.source_columns),
+            self.evaluation,
         )
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return Evaluation.of(self.job.metrics, [m.name for m in self.job.models])
 
     schema: pa.Schema | None = None
     """The columns read, as the first input file has them."""
@@ -143,6 +149,8 @@ class Output:
     models: tuple[str, ...]
     source_columns: tuple[str, ...] = ()
     """Input columns: one named like a model output (``tip_amount``) is not one."""
+    evaluation: Evaluation = field(default_factory=lambda: Evaluation({}))
+    """The metrics writers compute over the rows they write."""
 
     def columns(self, available: Sequence[str]) -> list[str]:
         """Carryover columns, then each model's outputs in model order."""
@@ -193,6 +201,7 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     engine, reason = choose_engine(job)
     plan = Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
     plan.source_columns = list(schema.names)
+    _ = plan.evaluation  # two metrics reported under one name fail here, before any compute
     plan.schema = (
         schema if read_columns is None else pa.schema([schema.field(c) for c in read_columns])
     )
@@ -208,7 +217,7 @@ def _carryover(job: Job, schema: pa.Schema) -> list[str]:
 
 
 def _read_columns(job: Job, schema: pa.Schema, carry: list[str]) -> list[str] | None:
-    wanted: set[str] = set(carry)
+    wanted: set[str] = set(carry) | (_metric_columns(job, schema) & set(schema.names))
     pre = job.preprocess
     if pre is not None:
         if pre.inputs is None:
@@ -227,6 +236,18 @@ def _read_columns(job: Job, schema: pa.Schema, carry: list[str]) -> list[str] | 
         wanted |= set(known)
         earlier.append(model.name)
     return [c for c in schema.names if c in wanted]
+
+
+def _metric_columns(job: Job, schema: pa.Schema) -> set[str]:
+    """The columns the job's metrics read; each must come from the input or a model."""
+    models = [m.name for m in job.models]
+    columns = {c for metric in job.metrics for c in metric.columns()}
+    unknown = sorted(c for c in columns if c not in schema.names and not _made_by(c, models))
+    if unknown and job.preprocess is None:
+        raise missing_columns_error(
+            unknown, [*schema.names, *(f"{m}_…" for m in models)], "metrics"
+        )
+    return columns
 
 
 def _made_by(column: str, models: Sequence[str]) -> bool:

@@ -15,6 +15,7 @@ from chute.errors import JobStateError
 from chute.job import Job
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.plan import Plan, build_plan
+from chute.report import Report
 from chute.sinks import output_filesystem
 
 
@@ -84,6 +85,20 @@ def render_plan(job: Job) -> RenderableType:
         if res.note:
             notes.append(Text(f"{stage.model.name}: {res.note}"))
     return Group(head, stages, *notes)
+
+
+def rewrite_report(output: str) -> tuple[Report, str]:
+    """The last report of ``output`` (complete or partial), with its HTML rewritten."""
+    fs, root = output_filesystem(output)
+    ledger = Ledger(fs, root)
+    data = ledger.report()
+    if data is None:
+        raise JobStateError(
+            f"{output!r} holds no report yet: the run has not committed anything, or it was "
+            "killed before it could write one. `chute status` shows what the ledger holds."
+        )
+    ledger.save_report(data)
+    return Report.from_dict(data), f"{ledger.meta}/report.html"
 
 
 def render_status(output: str) -> RenderableType:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
@@ -61,6 +61,10 @@ class Report:
     """Rows a model raised on, written to the errors dataset (quarantine)."""
     units_bad: list[dict[str, str]] = field(default_factory=list)
     """Input units that could not be read and were skipped (on_bad_input: skip)."""
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Metric values by model (``dataset`` for input-only metrics), then by metric name."""
+    plots: list[dict[str, Any]] = field(default_factory=list)
+    """Plot specs for the HTML report (curves, calibration, histograms)."""
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(seconds since the start, rows committed), sampled at commits."""
     complete: bool = True
@@ -78,6 +82,14 @@ class Report:
         for stats in data["stages"].values():
             stats["busy_seconds"] = round(stats["busy_seconds"], 3)
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """A report read back from ``report.json``."""
+        known = {f.name for f in fields(cls)} - {"result"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["stages"] = {k: StageStats(**v) for k, v in data.get("stages", {}).items()}
+        return cls(**values)
 
     def render(self) -> Table:
         """The summary as a rich table."""
@@ -103,8 +115,26 @@ class Report:
             table.add_row(
                 f"busy: {name}", f"{stats.busy_seconds:.2f} s over {stats.batches} batches"
             )
+        for owner, metrics in self.metrics.items():
+            for name, values in metrics.items():
+                table.add_row(f"{owner}: {name}", _headline(values))
         table.add_row("status", "complete" if self.complete else "INCOMPLETE")
         return table
+
+
+def _headline(values: dict[str, Any]) -> str:
+    """The scalar values of a metric result, briefly."""
+    if "groups" in values:  # sliced: the overall values, then the number of groups
+        return (
+            f"{_headline(values.get('all', {}))} (by {values.get('by')}: "
+            f"{len(values['groups'])} groups)"
+        )
+    shown = [
+        f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    return ", ".join(shown[:6])
 
 
 class RateColumn(ProgressColumn):

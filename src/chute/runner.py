@@ -6,9 +6,10 @@ caller asked for the result in memory.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,13 +17,17 @@ import pyarrow as pa
 from rich.console import Console
 
 from chute.errors import ChuteError, ModelError
+from chute.evaluation import from_text, to_text
 from chute.job import Job
 from chute.ledger import Ledger
+from chute.metrics import State
 from chute.plan import Plan, build_plan
 from chute.report import ProgressBar, Report, StageStats
 from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
 from chute.stages import KEY
+
+log = logging.getLogger("chute")
 
 
 class Committer:
@@ -45,6 +50,10 @@ class Committer:
         """(seconds since start, rows committed) after each commit: throughput over the run."""
         self.parts = 0
         self.write = StageStats()
+        self.evaluation = plan.evaluation
+        self.metric_states: dict[str, State] = {}
+        """The job's merged metric states (committed units only): size independent of rows."""
+        self._unit_states: dict[int, dict[str, State]] = defaultdict(dict)
         self._tables: list[tuple[int, int, pa.Table]] = []
 
     def add(self, records: Sequence[PartRecord]) -> None:
@@ -59,6 +68,8 @@ class Committer:
             if record.unit_rows >= 0:
                 self._totals[record.unit] = record.unit_rows
             self.parts += 1
+            if record.metrics:
+                self.evaluation.merge(self._unit_states[record.unit], [record.metrics])
             self.write.add(record.seconds, record.end - record.start)
             if record.data:
                 self._tables.append((record.unit, record.start, read_ipc(record.data)))
@@ -107,10 +118,20 @@ class Committer:
             "errors": failed,
             "parts": [f for p in parts for f in (p.path, p.errors_path) if f],
         }
+        states = self._unit_states.pop(index, {})
+        if states:
+            entry["metrics"] = to_text(states)
+            self.evaluation.merge(self.metric_states, [states])
         if skipped:
             entry["skipped"] = skipped
             self.skipped.append({"unit": unit.id, "error": skipped})
         return entry
+
+    def absorb(self, entries: Iterable[dict[str, Any]]) -> None:
+        """Merge the metric states of units committed by earlier runs (a resume)."""
+        self.evaluation.merge(
+            self.metric_states, [from_text(e.get("metrics", "")) for e in entries]
+        )
 
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]
@@ -148,12 +169,18 @@ def run_job(
         ledger.unfinish()
     bar = ProgressBar(plan.pending_rows, console=console, enabled=progress)
     committer = Committer(plan, ledger, bar)
+    if ledger is not None:
+        committer.absorb(ledger.entries.values())
     engine = _engine(plan, verbose)
-    with bar:
-        try:
+    try:
+        with bar:
             stages = engine.execute(plan, committer.add) if plan.pending else {}
-        except ModelError as exc:
-            raise _located(exc, plan) from exc
+    except ModelError as exc:
+        _save_partial(ledger, plan, committer, started)
+        raise _located(exc, plan) from exc
+    except BaseException:  # Ctrl-C too: what was committed is reported, then resumed
+        _save_partial(ledger, plan, committer, started)
+        raise
     missing = committer.missing()
     if missing:
         names = ", ".join(u.id for u in missing[:5])
@@ -167,6 +194,18 @@ def run_job(
         ledger.finish(report.to_dict())
     report.result = committer.result()
     return report
+
+
+def _save_partial(ledger: Ledger | None, plan: Plan, committer: Committer, started: float) -> None:
+    """Report what the interrupted run committed (``chute report`` shows it again)."""
+    if ledger is None:
+        return
+    report = _report(plan, committer, {}, time.perf_counter() - started)
+    report.complete = False
+    try:
+        ledger.save_report(report.to_dict())
+    except Exception:
+        log.warning("could not write the partial report", exc_info=True)
 
 
 def _thin(points: list[tuple[float, int]], most: int = 200) -> list[tuple[float, int]]:
@@ -212,6 +251,8 @@ def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wal
         rows_failed=committer.rows_failed,
         units_bad=committer.skipped,
         timeline=_thin(committer.timeline),
+        metrics=committer.evaluation.results(committer.metric_states),
+        plots=committer.evaluation.plots(committer.metric_states),
         rows_skipped=sum(u.rows or 0 for u in skipped),
         parts=committer.parts,
         wall_seconds=wall,

@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,8 @@ class PartRecord:
     """How many of the part's rows went to the errors part instead of the output."""
     skipped: str = ""
     """Why the unit could not be read, for a skipped unit (on_bad_input: skip)."""
+    metrics: bytes = b""
+    """Metric states of the part's rows (the rows written, not the failed ones)."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -66,6 +68,7 @@ RECORD_SCHEMA = pa.schema(
         ("errors_path", pa.string()),
         ("error_rows", pa.int64()),
         ("skipped", pa.string()),
+        ("metrics", pa.binary()),
     ]
 )
 
@@ -114,11 +117,17 @@ class PartWriter:
         errors = None
         if ERROR_MODEL in table.column_names:
             errors = _select(table, [*self.output.carryover, *ERROR_COLUMNS])
-        table = _select(table, [*self.output.columns(table.column_names), KEY])
-        return [
-            self._write_run(table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total)
-            for lo, hi, unit, start, total in runs(keys)
-        ]
+        full, table = table, _select(table, [*self.output.columns(table.column_names), KEY])
+        records = []
+        for lo, hi, unit, start, total in runs(keys):
+            record = self._write_run(
+                table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total
+            )
+            if self.output.evaluation and not record.skipped:
+                written = _healthy(full.slice(lo, hi - lo))
+                record = replace(record, metrics=self.output.evaluation.measure(written))
+            records.append(record)
+        return records
 
     def _write_run(
         self, part: pa.Table, errors: pa.Table | None, unit: int, start: int, total: int
@@ -179,6 +188,13 @@ def _select(table: pa.Table, names: list[str]) -> pa.Table:
         table.column(n) if n in table.column_names else pa.nulls(table.num_rows) for n in names
     ]
     return pa.Table.from_arrays(columns, names=names)
+
+
+def _healthy(table: pa.Table) -> pa.Table:
+    """The rows no model failed on."""
+    if ERROR_MODEL not in table.column_names:
+        return table
+    return table.filter(table.column(ERROR_MODEL).is_null())
 
 
 def _slice(table: pa.Table | None, lo: int, hi: int) -> pa.Table | None:

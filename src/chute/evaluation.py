@@ -1,0 +1,213 @@
+"""Metrics in the same pass: which metrics a job computes, and how their states travel.
+
+Writers compute a state per part from the rows they write (rows a model failed on are
+left out); the driver merges part states into a state per unit, keeps it in the ledger
+with the unit, and merges units into the job's totals — so a resumed job reports exactly
+what an uninterrupted one would. Each metric is reported under the model whose output it
+scores (``tip_score`` → ``tip``), or under ``dataset`` when it reads no model output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import ConfigError
+from chute.metrics import (
+    Calibration,
+    Histogram,
+    Metric,
+    ScoreSketch,
+    Sliced,
+    State,
+    dumps,
+    loads,
+    state_from_text,
+    state_to_text,
+)
+
+DATASET = "dataset"
+"""Where metrics over input columns only are reported."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The job's metrics by key (``"<owner>/<name>"``); small and picklable."""
+
+    metrics: Mapping[str, Metric]
+
+    @classmethod
+    def of(cls, metrics: Sequence[Metric], models: Sequence[str]) -> Evaluation:
+        keyed: dict[str, Metric] = {}
+        for metric in metrics:
+            key = f"{owner(metric, models)}/{metric.name}"
+            if key in keyed:
+                raise ConfigError(
+                    f"two metrics are reported as {key!r}: give one of them another name."
+                )
+            keyed[key] = metric
+        return cls(keyed)
+
+    def __bool__(self) -> bool:
+        return bool(self.metrics)
+
+    def columns(self) -> set[str]:
+        return {c for m in self.metrics.values() for c in m.columns()}
+
+    def measure(self, table: pa.Table) -> bytes:
+        """The serialized states of ``table``'s rows (a part), for its record."""
+        if not self.metrics:
+            return b""
+        return dumps({k: m.update(m.init(), table) for k, m in self.metrics.items()})
+
+    def merge(self, total: dict[str, State], blobs: Iterable[bytes | dict[str, State]]) -> None:
+        """Merge part or unit states into ``total``, in place."""
+        for blob in blobs:
+            states = loads(blob) if isinstance(blob, bytes) else blob
+            for key, state in states.items():
+                metric = self.metrics.get(key)
+                if metric is not None:
+                    total[key] = metric.merge(total[key], state) if key in total else state
+
+    def results(self, total: Mapping[str, State]) -> dict[str, dict[str, Any]]:
+        """Metric values by owner, then by metric name."""
+        out: dict[str, dict[str, Any]] = {}
+        for key, metric in self.metrics.items():
+            owner_name, name = key.split("/", 1)
+            state = total.get(key, metric.init())
+            out.setdefault(owner_name, {})[name] = _jsonable(metric.result(state))
+        return out
+
+    def plots(self, total: Mapping[str, State]) -> list[dict[str, Any]]:
+        """Plot specs for the HTML report (see :mod:`chute.htmlreport`)."""
+        specs: list[dict[str, Any]] = []
+        for key, metric in self.metrics.items():
+            state = total.get(key)
+            if state is not None:
+                specs += _plots(key, metric, state)
+        return specs
+
+
+def owner(metric: Metric, models: Sequence[str]) -> str:
+    """The model whose output the metric reads, else :data:`DATASET`."""
+    for column in metric.columns():
+        for model in models:
+            if column == model or column.startswith(model + "_"):
+                return model
+    return DATASET
+
+
+def to_text(states: Mapping[str, State]) -> str:
+    return state_to_text(dict(states)) if states else ""
+
+
+def from_text(text: str) -> dict[str, State]:
+    return state_from_text(text) if text else {}
+
+
+def _plots(key: str, metric: Metric, state: State) -> list[dict[str, Any]]:
+    if isinstance(metric, Sliced):
+        return []
+    if isinstance(metric, ScoreSketch):
+        return _sketch_plots(key, metric, state)
+    if isinstance(metric, Calibration):
+        bins = [b for b in metric.result(state)["bins"] if b.get("count")]
+        return [
+            {
+                "title": f"calibration — {key}",
+                "kind": "line",
+                "diagonal": True,
+                "xlabel": "mean predicted score",
+                "ylabel": "fraction positive",
+                "series": [
+                    {
+                        "label": "reliability",
+                        "x": [b["mean_score"] for b in bins],
+                        "y": [b["fraction_positive"] for b in bins],
+                    }
+                ],
+            }
+        ]
+    if isinstance(metric, Histogram):
+        result = metric.result(state)
+        return [
+            {
+                "title": f"histogram — {key}",
+                "kind": "hist",
+                "edges": result["edges"],
+                "xlabel": ", ".join(metric.columns()),
+                "ylabel": "rows",
+                "series": [{"label": None, "counts": result["counts"]}],
+            }
+        ]
+    return []
+
+
+def _sketch_plots(key: str, metric: ScoreSketch, state: State) -> list[dict[str, Any]]:
+    fpr, tpr = metric.roc_curve(state)
+    recall, precision = metric.pr_curve(state)
+    result = metric.result(state)
+    pos, neg = (np.asarray(state[k])[1:-1] for k in ("positives", "negatives"))  # inner bins
+    width = max(1, len(pos) // 50)
+    edges = np.linspace(metric.low, metric.high, len(_coarsen(pos, width)) + 1).tolist()
+    return [
+        {
+            "title": f"ROC — {key}",
+            "kind": "line",
+            "diagonal": True,
+            "xlabel": "false positive rate",
+            "ylabel": "true positive rate",
+            "series": [
+                {
+                    "label": f"AUC {result.get('auc_roc', 0) or 0:.4f}",
+                    "x": fpr.tolist(),
+                    "y": tpr.tolist(),
+                }
+            ],
+        },
+        {
+            "title": f"precision-recall — {key}",
+            "kind": "line",
+            "xlabel": "recall",
+            "ylabel": "precision",
+            "series": [
+                {
+                    "label": f"AP {result.get('pr_auc', 0) or 0:.4f}",
+                    "x": recall.tolist(),
+                    "y": precision.tolist(),
+                }
+            ],
+        },
+        {
+            "title": f"scores — {key}",
+            "kind": "hist",
+            "edges": edges,
+            "xlabel": "score",
+            "ylabel": "rows",
+            "series": [
+                {"label": "positives", "counts": _coarsen(pos, width)},
+                {"label": "negatives", "counts": _coarsen(neg, width)},
+            ],
+        },
+    ]
+
+
+def _coarsen(counts: np.ndarray, width: int) -> list[int]:
+    padded = np.pad(counts, (0, (-len(counts)) % width))
+    return [int(c) for c in padded.reshape(-1, width).sum(axis=1)]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
