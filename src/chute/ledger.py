@@ -53,7 +53,34 @@ class Ledger:
         ledger = cls(fs, root)
         ledger._claim(fingerprint, description, overwrite, units_total)
         ledger._entries = ledger.read_entries()
+        ledger._mend_last_line()
         return ledger
+
+    def _mend_last_line(self) -> None:
+        """End the ledger with a newline, so that the next commit starts a line of its own.
+
+        A crash in the middle of an append leaves a torn last line: cut it off (that unit
+        was not committed). Appended to as it was, the torn line would swallow the next
+        unit's line and lose that commit too. A last line that is whole but lacks only its
+        newline was read as committed: keep it.
+        """
+        path = f"{self.meta}/ledger.jsonl"
+        if self.fs.get_file_info(path).type != pafs.FileType.File:
+            return
+        with self.fs.open_input_stream(path) as f:
+            data = f.read()
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+            mended = data + b"\n"
+        except json.JSONDecodeError:
+            mended = data[:cut]
+        tmp = f"{self.meta}/.ledger.jsonl.tmp"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(mended)
+        self.fs.move(tmp, path)
 
     def _claim(
         self,
@@ -167,9 +194,17 @@ class Ledger:
         if self.fs.get_file_info(path).type == pafs.FileType.File:
             self.fs.delete_file(path)
 
+    def save_report(self, report: dict[str, Any]) -> None:
+        """Write ``report.json`` and the self-contained ``report.html`` beside it."""
+        from chute.htmlreport import render
+
+        self._write_json("report.json", report)
+        with self.fs.open_output_stream(f"{self.meta}/report.html") as f:
+            f.write(render(report).encode())
+
     def finish(self, report: dict[str, Any]) -> None:
         """Write the report and the success marker."""
-        self._write_json("report.json", report)
+        self.save_report(report)
         with self.fs.open_output_stream(f"{self.root}/{SUCCESS}") as f:
             f.write(b"")
 
