@@ -41,10 +41,12 @@ class Evaluation:
     metrics: Mapping[str, Metric]
 
     @classmethod
-    def of(cls, metrics: Sequence[Metric], models: Sequence[str]) -> Evaluation:
+    def of(
+        cls, metrics: Sequence[Metric], models: Sequence[str], inputs: Sequence[str] = ()
+    ) -> Evaluation:
         keyed: dict[str, Metric] = {}
         for metric in metrics:
-            key = f"{owner(metric, models)}/{metric.name}"
+            key = f"{owner(metric, models, inputs)}/{metric.name}"
             if key in keyed:
                 raise ConfigError(
                     f"two metrics are reported as {key!r}: give one of them another name."
@@ -92,9 +94,10 @@ class Evaluation:
         return specs
 
 
-def owner(metric: Metric, models: Sequence[str]) -> str:
-    """The model whose output the metric reads, else :data:`DATASET`."""
-    for column in metric.columns():
+def owner(metric: Metric, models: Sequence[str], inputs: Sequence[str] = ()) -> str:
+    """The model whose output the metric reads, else :data:`DATASET`. An input column
+    named like a model's output (``tip_amount`` beside model ``tip``) is not one."""
+    for column in (c for c in metric.columns() if c not in inputs):
         for model in models:
             if column == model or column.startswith(model + "_"):
                 return model

@@ -7,6 +7,7 @@ row width. Every column the job names is checked here, before any compute.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -72,7 +73,8 @@ class Plan:
 
     @property
     def evaluation(self) -> Evaluation:
-        return Evaluation.of(self.job.metrics, [m.name for m in self.job.models])
+        names = [m.name for m in self.job.models]
+        return Evaluation.of(self.job.metrics, names, self.source_columns)
 
     schema: pa.Schema | None = None
     """The columns read, as the first input file has them."""
@@ -242,12 +244,20 @@ def _metric_columns(job: Job, schema: pa.Schema) -> set[str]:
     """The columns the job's metrics read; each must come from the input or a model."""
     models = [m.name for m in job.models]
     columns = {c for metric in job.metrics for c in metric.columns()}
-    unknown = sorted(c for c in columns if c not in schema.names and not _made_by(c, models))
+    unknown = sorted(
+        c for c in columns
+        if c not in schema.names and (not _made_by(c, models) or _misspelt(c, schema.names))
+    )
     if unknown and job.preprocess is None:
         raise missing_columns_error(
             unknown, [*schema.names, *(f"{m}_…" for m in models)], "metrics"
         )
     return columns
+
+
+def _misspelt(column: str, names: Sequence[str]) -> bool:
+    """A near-miss of an input column (``tip_amout``), not a model output (``tip_score``)."""
+    return bool(difflib.get_close_matches(column, names, n=1, cutoff=0.9))
 
 
 def _made_by(column: str, models: Sequence[str]) -> bool:
