@@ -110,3 +110,24 @@ def test_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         job_from_dict(raw)
     assert message in str(info.value)
+
+
+def test_metrics_are_read_from_the_job_file() -> None:
+    raw = {
+        **BASE,
+        "metrics": [
+            {"type": "auc_roc", "label": "y", "score": "m_p"},
+            {"type": "log_loss", "label": "y", "score": "m_p", "by": "region", "max_groups": 7},
+        ],
+    }
+    job = job_from_dict(raw, base="/jobs")
+    assert [repr(m) for m in job.metrics] == [
+        "<AucRoc 'auc_roc' on y, m_p>",
+        "<Sliced 'log_loss' on y, m_p, region>",
+    ]
+
+
+def test_an_unknown_metric_type_is_named_with_a_suggestion() -> None:
+    raw = {**BASE, "metrics": [{"type": "auc_rc", "label": "y", "score": "m_p"}]}
+    with pytest.raises(ConfigError, match=r"metrics\[0\]: .*Did you mean 'auc_roc'"):
+        job_from_dict(raw)

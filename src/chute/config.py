@@ -96,6 +96,8 @@ class JobConfig(_Strict):
     engine: Literal["auto", "local", "ray"] = "auto"
     address: str | None = None
     on_bad_input: Literal["fail", "skip"] = "fail"
+    metrics: list[dict[str, Any]] = []
+    """Each ``{type: auc_roc, label: …, score: …, by: …}``; see :mod:`chute.metrics`."""
 
 
 def load_job(path: str, **overrides: Any) -> Job:
@@ -165,7 +167,20 @@ def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
         engine=overrides.get("engine", config.engine),
         address=overrides.get("address", config.address),
         on_bad_input=config.on_bad_input,
+        metrics=tuple(_metric(i, spec, base) for i, spec in enumerate(config.metrics)),
     )
+
+
+def _metric(index: int, spec: dict[str, Any], base: str) -> Any:
+    from chute.metrics import metric_from_spec
+
+    spec = dict(spec)
+    if isinstance(spec.get("type"), str):
+        spec["type"] = _resolve_fn(spec["type"], base)
+    try:
+        return metric_from_spec(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"metrics[{index}]: {exc}") from exc
 
 
 def _preprocess(config: PreprocessConfig | None, base: str) -> Preprocess | None:
