@@ -8,8 +8,9 @@ for these throwaway clusters (``RAY_AUTH_MODE=disabled``), for the nodes and the
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
@@ -74,15 +75,33 @@ class LoopbackCluster:
         self.nodes.append(ip)
         return ip
 
-    def kill_node(self, ip: str) -> int:
-        """SIGKILL every Ray process of the node at ``ip`` (its raylet and workers)."""
-        killed = 0
+    def processes(self, ip: str | None = None) -> list[psutil.Process]:
+        """This cluster's processes (of the node at ``ip`` only, if given); never another
+        Ray on the machine, such as the test session's own."""
+        ours = re.compile(rf"({re.escape(self.address)}|--gcs_server_port={self.port})(?!\d)")
+        node = re.compile(rf"--node[-_]ip[-_]address={re.escape(ip or '')}(?!\d)")
+        found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter(["cmdline"]):
             line = " ".join(proc.info["cmdline"] or [])
-            if f"--node-ip-address={ip}" in line or f"--node_ip_address={ip}" in line:
-                proc.send_signal(signal.SIGKILL)
-                killed += 1
-        return killed
+            if ours.search(line) and (ip is None or node.search(line)):
+                found[proc.pid] = proc
+        for proc in list(found.values()):  # workers rename themselves ray::…: find by parent
+            try:
+                found.update((child.pid, child) for child in proc.children(recursive=True))
+            except psutil.NoSuchProcess:
+                continue
+        return list(found.values())
+
+    def kill_node(self, ip: str) -> int:
+        """SIGKILL every process of the node at ``ip``: its raylet, workers and actors."""
+        victims = self.processes(ip)
+        for proc in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        return len(victims)
 
     def stop(self) -> None:
-        self._ray("stop", "--force")
+        """Kill this cluster's processes (``ray stop`` would kill every Ray here)."""
+        for proc in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()

@@ -50,11 +50,18 @@ def test_commits_a_unit_once_its_parts_cover_all_rows(tmp_path: Path) -> None:
     assert (committer.write.rows, committer.write.batches) == (10, 4)
     entries = Ledger.open(str(tmp_path), "fp", {}, False).entries
     assert entries == {
-        "memory[5:10]": {"unit": "memory[5:10]", "index": 1, "rows": 5, "parts": ["part-1-0-5"]},
+        "memory[5:10]": {
+            "unit": "memory[5:10]",
+            "index": 1,
+            "rows": 5,
+            "errors": 0,
+            "parts": ["part-1-0-5"],
+        },
         "memory[0:5]": {
             "unit": "memory[0:5]",
             "index": 0,
             "rows": 5,
+            "errors": 0,
             "parts": ["part-0-0-2", "part-0-3-5", "part-0-2-3"],
         },
     }

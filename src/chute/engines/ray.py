@@ -258,17 +258,32 @@ class RayEngine:
         import ray
 
         resources = self.resources(plan)
-        stats = ray.remote(num_cpus=0)(_Stats).remote()
-        with quiet_data(self.verbose):
-            dataset = self._dataset(plan, resources, stats)
-            try:
-                for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                    commit(records_from_table(batch))
-            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-                raise _unwrap(exc) from exc
-        result: dict[str, StageStats] = ray.get(stats.get.remote())
-        ray.kill(stats)
-        return result
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On the driver's node: placed on another node, the actor would die with that node
+        # and take a job that otherwise survives the loss down with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        stats = ray.remote(num_cpus=0, scheduling_strategy=here)(_Stats).remote()
+        try:
+            with quiet_data(self.verbose):
+                self._stream(self._dataset(plan, resources, stats), commit)
+            return dict(ray.get(stats.get.remote()))
+        except ray.exceptions.RayActorError:  # lost with its node: every unit is committed
+            return {}
+        finally:
+            ray.kill(stats)
+
+    def _stream(self, dataset: Any, commit: Callable[[list[PartRecord]], None]) -> None:
+        """Hand every part record to ``commit``; translate a failed task to a chute error."""
+        import ray
+
+        try:
+            for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                commit(records_from_table(batch))
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+            error = _unwrap(exc)
+            _drop_frames(exc)
+            raise error from exc
 
     def _dataset(self, plan: Plan, resources: list[StageResources], stats: Any) -> Any:
         import ray
@@ -382,6 +397,18 @@ def _unwrap(exc: Exception) -> Exception:
     if isinstance(kind, type) and issubclass(kind, ChuteError):
         return kind(found[-1][1])  # an actor's constructor raised it: Ray keeps only its text
     return ChuteError(f"a Ray task failed: {exc}")
+
+
+def _drop_frames(exc: BaseException | None) -> None:
+    """Forget the Ray Data frames an error (and the errors it arose from) holds: they keep
+    the failed run's actors, and their CPUs, alive for as long as the error is referenced,
+    so that the next run in the same process (a notebook) would starve its reads and hang.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__context__
 
 
 _CHUTE_ERROR_LINE = re.compile(r"^chute\.errors\.(\w+): (.*)$", re.MULTILINE)
