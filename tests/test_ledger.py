@@ -62,9 +62,14 @@ def test_same_fingerprint_resumes(tmp_path: Path) -> None:
     assert (out / "part-a.parquet").exists()
 
 
+def _with_a_commit(ledger: Ledger) -> Ledger:
+    ledger.commit([{"unit": "u0", "index": 0, "rows": 1, "parts": []}])
+    return ledger
+
+
 def test_different_fingerprint_is_refused_naming_the_change(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    _open(out)
+    _with_a_commit(_open(out))
     with pytest.raises(JobStateError) as info:
         _open(out, "fp2", models=[{"name": "tip"}, {"name": "fare"}], carryover=[])
     text = str(info.value)
@@ -73,7 +78,7 @@ def test_different_fingerprint_is_refused_naming_the_change(tmp_path: Path) -> N
 
 
 def test_different_fingerprint_same_description_still_refused(tmp_path: Path) -> None:
-    _open(tmp_path)
+    _with_a_commit(_open(tmp_path))
     with pytest.raises(JobStateError, match=r"changed: the job description"):
         _open(tmp_path, "fp2")
 
@@ -165,3 +170,12 @@ def test_finish_and_unfinish(tmp_path: Path) -> None:
     ledger.unfinish()
     assert not (tmp_path / SUCCESS).exists()
     ledger.unfinish()  # nothing to remove
+
+
+def test_a_job_that_committed_nothing_gives_way_to_another(tmp_path: Path) -> None:
+    _open(tmp_path)
+    _touch(tmp_path / "part-000000-0000000000-aaaaaaaa.parquet")  # an orphan of that run
+    ledger = _open(tmp_path, "fp2")
+    assert ledger.entries == {}
+    assert not (tmp_path / "part-000000-0000000000-aaaaaaaa.parquet").exists()
+    assert '"fp2"' in (tmp_path / META_DIR / "job.json").read_text()

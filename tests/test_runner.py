@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import chute
 from chute import ChuteError, FileSource, Job, JobStateError, Model, Sink, TableSource
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.plan import Plan, build_plan
@@ -243,3 +244,36 @@ def test_model_error_leaves_no_success_marker(tmp_path: Path) -> None:
     with pytest.raises(ChuteError, match="model 'm' raised ValueError: nope"):
         job.run()
     assert not (out / SUCCESS).exists()
+
+
+def test_a_model_asking_for_gpus_this_machine_lacks_fails_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    gpu = chute.Model("m", lambda b: b["x"], resources=chute.Resources(gpus=0.5))
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"x": [1, 2]})),
+        models=(gpu,),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(chute.ResourceError, match="this machine has 0"):
+        job.run()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_location_whose_job_committed_nothing_can_be_taken_by_a_fixed_job(
+    tmp_path: Path,
+) -> None:
+    def broken(batch: pa.Table) -> Any:
+        raise ValueError("bug")
+
+    def fixed(batch: pa.Table) -> Any:
+        return batch["x"]
+
+    source = chute.TableSource(pa.table({"x": [1, 2, 3]}))
+    out = chute.Sink(str(tmp_path / "out"))
+    with pytest.raises(chute.ModelError):
+        chute.Job(source=source, models=(chute.Model("m", broken),), output=out).run()
+    report = chute.Job(source=source, models=(chute.Model("m", fixed),), output=out).run()
+    assert report.rows_out == 3

@@ -162,7 +162,7 @@ class Model:
     name: str
     fn: UserFn
     inputs: tuple[str, ...] | None = None
-    """Columns the model sees; ``None`` means every column read that is not carryover-only."""
+    """Columns the model sees; ``None`` means every input column (after preprocess)."""
     batch_format: BatchFormat = "pyarrow"
     batch_size: BatchSize = field(default_factory=BatchSize)
     resources: Resources = field(default_factory=Resources)

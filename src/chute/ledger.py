@@ -94,7 +94,8 @@ class Ledger:
             raise JobStateError(f"output {self.root!r} is a file; give a directory.")
         if info.type == pafs.FileType.Directory:
             owner = self.read_json("job.json")
-            if overwrite:
+            if overwrite or (owner is not None and not self.read_entries()):
+                # asked to, or the earlier job committed nothing: there is nothing to mix
                 self.fs.delete_dir_contents(self.root)
             elif owner is None and self._foreign_files():
                 raise JobStateError(

@@ -245,7 +245,8 @@ def _metric_columns(job: Job, schema: pa.Schema) -> set[str]:
     models = [m.name for m in job.models]
     columns = {c for metric in job.metrics for c in metric.columns()}
     unknown = sorted(
-        c for c in columns
+        c
+        for c in columns
         if c not in schema.names and (not _made_by(c, models) or _misspelt(c, schema.names))
     )
     if unknown and job.preprocess is None:

@@ -158,6 +158,8 @@ def run_job(
     if limit is not None:
         job = replace(job, output=None)  # a trial run: rows come back, nothing is written
     plan = build_plan(job, limit=limit)
+    engine = _engine(plan, verbose)
+    engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
     ledger = None
     if job.output is not None:
         ledger = Ledger.open(
@@ -171,7 +173,6 @@ def run_job(
     committer = Committer(plan, ledger, bar)
     if ledger is not None:
         committer.absorb(ledger.entries.values())
-    engine = _engine(plan, verbose)
     try:
         with bar:
             stages = engine.execute(plan, committer.add) if plan.pending else {}

@@ -23,6 +23,7 @@ from functools import partial
 
 import pyarrow as pa
 
+from chute.engines.resources import check_local
 from chute.plan import Plan, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter
@@ -116,6 +117,10 @@ class LocalEngine:
     def __init__(self, readers: int | None = None, writers: int = 2) -> None:
         self.readers = readers or min(4, os.cpu_count() or 2)
         self.writers = writers
+
+    def prepare(self, plan: Plan) -> None:
+        """Fail before anything is written if the plan cannot run here."""
+        check_local([s.model for s in plan.stages])
 
     def execute(
         self, plan: Plan, commit: Callable[[list[PartRecord]], None]

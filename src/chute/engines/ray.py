@@ -248,6 +248,10 @@ class RayEngine:
         self.address = address
         self.verbose = verbose
 
+    def prepare(self, plan: Plan) -> None:
+        """Connect, and fail before anything is written if the cluster cannot run the plan."""
+        self.resources(plan)
+
     def resources(self, plan: Plan) -> list[StageResources]:
         init_ray(self.address, self.verbose)
         return plan_resources([s.model for s in plan.stages], cluster())

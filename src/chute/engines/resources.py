@@ -15,6 +15,9 @@ into what is left:
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,13 +126,34 @@ def _floor4(cpus: float) -> float:
     return math.floor(cpus * 10_000 + 1e-6) / 10_000
 
 
-def _check_gpus(models: list[Model], cluster: Cluster) -> None:
+def local_gpus() -> int:
+    """GPUs this process can see: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+
+
+def check_local(models: list[Model]) -> None:
+    """The local engine's check: a model that asks for GPUs this machine lacks fails now."""
+    if any(m.resources.gpus > 0 for m in models):
+        here = Cluster(cpus=float(os.cpu_count() or 1), gpus=float(local_gpus()))
+        _check_gpus(models, here, "this machine")
+
+
+def _check_gpus(models: list[Model], cluster: Cluster, where: str = "the cluster") -> None:
     for model in models:
         wanted = model.resources.gpus * model.pool.min
         if wanted > cluster.gpus + 1e-9:
             raise ResourceError(
                 f"model {model.name!r} asks for {wanted:g} GPU(s) ({model.resources.gpus:g} "
-                f"per replica × {model.pool.min}) but the cluster has {cluster.gpus:g}. "
+                f"per replica × {model.pool.min}) but {where} has {cluster.gpus:g}. "
                 "Run on a cluster with GPUs, or set gpus: 0 to run on CPUs."
             )
 
