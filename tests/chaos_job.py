@@ -74,6 +74,14 @@ def _node_ip() -> str:
         return ""
 
 
+METRICS: list[dict[str, Any]] = [
+    {"type": "mse", "label": "x", "prediction": "m_score"},
+    {"type": "mean", "column": "m_score", "by": "tag", "name": "score_by_tag"},
+    {"type": "histogram", "column": "x", "bins": 8, "range": [-2, 2]},
+]
+"""Metrics of the chaos job: a resumed run must report exactly what an uninterrupted one does."""
+
+
 def make_data(directory: Path, units: int, rows_per_unit: int = ROWS_PER_UNIT) -> Path:
     """``units`` Parquet files of ``rows_per_unit`` rows: ids are unit * rows_per_unit + row."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -114,6 +122,7 @@ def write_job(
         "models": [model],
         "output": str(out),
         "engine": engine,
+        "metrics": METRICS,
     }
     path.write_text(json.dumps(job, indent=2))
     return path

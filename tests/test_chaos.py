@@ -28,8 +28,10 @@ import psutil
 import pytest
 
 import chute
+from chute.metrics import metric_from_spec
 from tests.chaos_job import (
     HERE,
+    METRICS,
     ROWS_PER_UNIT,
     driver_env,
     ledger_lines,
@@ -73,10 +75,13 @@ def expected(data: Path, tmp_path_factory: pytest.TempPathFactory) -> pd.DataFra
         carryover=("id", "tag"),
         output=chute.Sink(str(out)),
         engine="local",
+        metrics=tuple(metric_from_spec(spec) for spec in METRICS),
     )
     report = job.run()
     assert (report.units_done, report.rows_out) == (UNITS, ROWS)
-    return _read(out)
+    frame = _read(out)
+    frame.attrs["metrics"] = json.loads(json.dumps(report.metrics))
+    return frame
 
 
 # --------------------------------------------------------------------------- checks
@@ -166,6 +171,7 @@ def test_driver_sigkill_at_any_point_resumes_exactly_once(
     assert (report["units_total"], report["units_skipped"]) == (UNITS, len(before))
     assert report["units_done"] == UNITS - len(before)
     check_exactly_once(out, expected)
+    assert report["metrics"] == expected.attrs["metrics"]  # exactly, after every kill
     print(f"left behind by the killed drivers, and reaped: {Counter(leaked)}")
 
 

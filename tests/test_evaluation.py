@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import log_loss, mean_squared_error, roc_auc_score
@@ -169,3 +170,140 @@ def test_a_metric_on_a_column_that_does_not_exist_fails_before_compute(
     with pytest.raises(chute.ColumnNotFoundError, match="Did you mean 'tip_amount'"):
         job.run()
     assert not (tmp_path / "o").exists()
+
+
+MILLION = 1_000_000
+
+
+def _sigmoid(v: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-v))
+
+
+def binary(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"p": _sigmoid(batch["signal"])}
+
+
+def multiclass(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    logits = np.stack([batch["signal"] * k for k in (-1.0, 0.0, 0.5, 1.0)], axis=1)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return {"probs": e / e.sum(axis=1, keepdims=True)}
+
+
+def regression(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"yhat": batch["signal"] * 1.5 + 0.25}
+
+
+@pytest.fixture(scope="module")
+def million(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1,000,000 labelled rows over 25 Parquet units."""
+    root = tmp_path_factory.mktemp("million")
+    rng = np.random.default_rng(11)
+    signal = rng.normal(size=MILLION)
+    table = pa.table(
+        {
+            "id": np.arange(MILLION),
+            "signal": signal,
+            "y": (rng.random(MILLION) < _sigmoid(2 * signal)).astype(np.int8),
+            "cls": np.clip(np.round(signal + rng.normal(size=MILLION)) + 1, 0, 3).astype(np.int64),
+            "target": signal * 1.4 + rng.normal(scale=0.3, size=MILLION),
+        }
+    )
+    for i, start in enumerate(range(0, MILLION, MILLION // 25)):
+        pq.write_table(table.slice(start, MILLION // 25), root / f"part-{i:02d}.parquet")
+    return root
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_every_metric_family_on_a_million_rows_over_units_and_actors(
+    million: Path, tmp_path: Path, ray_session: Any
+) -> None:
+    from sklearn.metrics import (
+        average_precision_score,
+        brier_score_loss,
+        confusion_matrix,
+        f1_score,
+        mean_absolute_error,
+        precision_score,
+        r2_score,
+        recall_score,
+        top_k_accuracy_score,
+    )
+
+    models = (
+        chute.Model(
+            "bin",
+            binary,
+            inputs=("signal",),
+            batch_format="numpy",
+            batch_size=30_000,
+            pool=chute.Pool.fixed(2),
+        ),
+        chute.Model(
+            "multi", multiclass, inputs=("signal",), batch_format="numpy", batch_size=50_000
+        ),
+        chute.Model("reg", regression, inputs=("signal",), batch_format="numpy"),
+    )
+    metrics = (
+        M.AucRoc("y", "bin_p"),
+        M.LogLoss("y", "bin_p"),
+        M.Brier("y", "bin_p"),
+        M.Confusion("y", "bin_p", threshold=0.5),
+        M.Calibration("y", "bin_p", bins=10),
+        M.Multiclass("cls", "multi_probs", k=2),
+        M.Regression("target", "reg_yhat"),
+        M.ColumnStats("signal"),
+        M.Histogram("signal", bins=20, range=(-3, 3)),
+    )
+    job = chute.Job(
+        source=chute.FileSource(str(million)),
+        models=models,
+        carryover=("id",),
+        metrics=metrics,
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="ray",
+    )
+    got = job.run().metrics
+    df = pd.read_parquet(million)
+    y, s = df.y.to_numpy(), df.signal.to_numpy()
+    p = _sigmoid(s)
+    probs = multiclass({"signal": s})["probs"]
+    yhat = regression({"signal": s})["yhat"]
+    b, mc, rg = got["bin"], got["multi"]["multiclass"], got["reg"]["regression"]
+    assert abs(b["auc_roc"]["auc_roc"] - roc_auc_score(y, p)) <= b["auc_roc"]["auc_error_bound"]
+    assert (
+        abs(b["auc_roc"]["pr_auc"] - average_precision_score(y, p))
+        <= (b["auc_roc"]["pr_auc_error_bound"])
+    )
+    exact = pytest.approx
+    assert b["log_loss"]["log_loss"] == exact(log_loss(y, p), rel=1e-9)
+    assert b["brier"]["brier"] == exact(brier_score_loss(y, p), rel=1e-9)
+    predicted = (p >= 0.5).astype(int)
+    assert b["confusion"]["accuracy"] == exact(float((predicted == y).mean()), rel=1e-12)
+    assert b["confusion"]["precision"] == exact(precision_score(y, predicted), rel=1e-12)
+    assert b["confusion"]["recall"] == exact(recall_score(y, predicted), rel=1e-12)
+    assert b["confusion"]["f1"] == exact(f1_score(y, predicted), rel=1e-12)
+    bins = np.minimum((p * 10).astype(int), 9)
+    ece = sum(
+        abs(p[bins == k].mean() - y[bins == k].mean()) * (bins == k).mean()
+        for k in range(10)
+        if (bins == k).any()
+    )
+    assert b["calibration"]["ece"] == exact(ece, rel=1e-9)
+    cls = df.cls.to_numpy()
+    assert mc["accuracy"] == exact(float((probs.argmax(axis=1) == cls).mean()), rel=1e-12)
+    assert mc["top_k_accuracy"] == exact(top_k_accuracy_score(cls, probs, k=2), rel=1e-12)
+    assert mc["cross_entropy"] == exact(log_loss(cls, probs, labels=[0, 1, 2, 3]), rel=1e-9)
+    assert np.array_equal(
+        np.asarray(mc["confusion_matrix"]), confusion_matrix(cls, probs.argmax(1))
+    )
+    target = df.target.to_numpy()
+    assert rg["mse"] == exact(mean_squared_error(target, yhat), rel=1e-9)
+    assert rg["mae"] == exact(mean_absolute_error(target, yhat), rel=1e-9)
+    assert rg["r2"] == exact(r2_score(target, yhat), rel=1e-9)
+    stats = got["dataset"]["column_stats"]
+    assert (stats["min"], stats["max"]) == (s.min(), s.max())
+    assert stats["mean"] == exact(s.mean(), rel=1e-12) and stats["count"] == MILLION
+    counts, _ = np.histogram(s[(s >= -3) & (s <= 3)], bins=20, range=(-3, 3))
+    assert got["dataset"]["histogram"]["counts"] == counts.tolist()

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chute.plan import Output
+from chute.retry import retrying
 from chute.stages import ERROR_COLUMNS, ERROR_MESSAGE, ERROR_MODEL, KEY, SKIPPED, decode
 
 ERRORS_DIR = "_errors"
@@ -151,8 +152,10 @@ class PartWriter:
             return PartRecord(
                 unit, start, end, total, "", len(data), 0.0, data, error_rows=error_rows
             )
-        path = self._put(part.drop_columns([KEY]), unit, start, "") if part.num_rows else ""
-        bad = self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ""
+        path, size = (
+            self._put(part.drop_columns([KEY]), unit, start, "") if part.num_rows else ("", 0)
+        )
+        bad, _ = self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ("", 0)
         seconds = time.perf_counter() - began
         return PartRecord(
             unit,
@@ -160,14 +163,14 @@ class PartWriter:
             end,
             total,
             path,
-            part.nbytes,
+            size,
             seconds,
             errors_path=bad,
             error_rows=error_rows,
         )
 
-    def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> str:
-        """Write ``table`` under a temporary name, rename it into place; its relative path."""
+    def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> tuple[str, int]:
+        """Write ``table`` under a temporary name, rename it into place; its path and size."""
         assert self.sink is not None
         name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[self.sink.format]}"
         relative = f"{folder}/{name}" if folder else name
@@ -176,10 +179,15 @@ class PartWriter:
             fs.create_dir(f"{root}/{folder}", recursive=True)
         directory, _, base = f"{root}/{relative}".rpartition("/")
         tmp = f"{directory}/.{base}.tmp"
-        with fs.open_output_stream(tmp) as out:
-            out.write(encode(table, self.sink.format))
-        fs.move(tmp, f"{root}/{relative}")
-        return relative
+        payload = encode(table, self.sink.format)
+
+        def put() -> None:
+            with fs.open_output_stream(tmp) as out:
+                out.write(payload)
+            fs.move(tmp, f"{root}/{relative}")
+
+        retrying(put, f"writing {relative}")
+        return relative, len(payload)
 
 
 def _select(table: pa.Table, names: list[str]) -> pa.Table:
