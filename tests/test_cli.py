@@ -238,3 +238,17 @@ def test_demo_scores_every_trip_once(
     assert scores.tip_score.sum() == (taxi.passenger_count >= 2).sum()
     assert "1,710,629 / 1,710,629" in out
     assert len(os.listdir(directory / "taxi")) == 12
+
+
+@pytest.mark.timeout(60)
+def test_report_prints_a_run_again_and_writes_its_html(job_dir: Path) -> None:
+    code, out = invoke("report", str(job_dir / "out"))
+    assert code == 5 and "holds no report yet" in out
+    assert invoke("run", str(job_dir / "job.yaml"), "-q")[0] == 0
+    html = job_dir / "out" / "_chute" / "report.html"
+    assert not html.exists()  # a run without metrics skips the plots' cost
+    code, out = invoke("report", str(job_dir / "out"))
+    assert code == 0, out
+    assert "rows in / out │ 24,000 / 24,000" in out and "report.html" in out
+    page = html.read_text()
+    assert "rows committed over the run" in page and "<svg" in page

@@ -195,17 +195,18 @@ class Ledger:
         if self.fs.get_file_info(path).type == pafs.FileType.File:
             self.fs.delete_file(path)
 
-    def save_report(self, report: dict[str, Any]) -> None:
-        """Write ``report.json`` and the self-contained ``report.html`` beside it."""
-        from chute.htmlreport import render
-
+    def save_report(self, report: dict[str, Any], html: bool = True) -> None:
+        """Write ``report.json`` and, with ``html``, the self-contained ``report.html``."""
         self._write_json("report.json", report)
-        with self.fs.open_output_stream(f"{self.meta}/report.html") as f:
-            f.write(render(report).encode())
+        if html:
+            from chute.htmlreport import render
 
-    def finish(self, report: dict[str, Any]) -> None:
+            with self.fs.open_output_stream(f"{self.meta}/report.html") as f:
+                f.write(render(report).encode())
+
+    def finish(self, report: dict[str, Any], html: bool = True) -> None:
         """Write the report and the success marker."""
-        self.save_report(report)
+        self.save_report(report, html)
         with self.fs.open_output_stream(f"{self.root}/{SUCCESS}") as f:
             f.write(b"")
 

@@ -192,7 +192,9 @@ def run_job(
     report = _report(plan, committer, stages, time.perf_counter() - started)
     if ledger is not None:
         ledger.remove_orphans()
-        ledger.finish(report.to_dict())
+        # The HTML (matplotlib: ~0.7 s) comes with runs that have metrics to plot;
+        # `chute report OUTPUT` writes it for any run.
+        ledger.finish(report.to_dict(), html=bool(plan.evaluation))
     report.result = committer.result()
     return report
 
@@ -204,7 +206,7 @@ def _save_partial(ledger: Ledger | None, plan: Plan, committer: Committer, start
     report = _report(plan, committer, {}, time.perf_counter() - started)
     report.complete = False
     try:
-        ledger.save_report(report.to_dict())
+        ledger.save_report(report.to_dict(), html=bool(plan.evaluation))
     except Exception:
         log.warning("could not write the partial report", exc_info=True)
 

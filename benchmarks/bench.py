@@ -1,0 +1,652 @@
+"""chute against the obvious alternatives, side by side, in one invocation.
+
+Three workloads — the taxi tip model over the demo data, a 1,000,000 × 10 torch MLP over
+an in-memory DataFrame, MiniLM sentence embeddings — each run as:
+
+* ``chute local``      chute's embedded engine;
+* ``pyarrow loop``     one process, file by file (or slice by slice): read → model → write;
+* ``chute ray``        chute's ray engine;
+* ``Ray Data``         ``read_parquet`` (or ``from_pandas``) → ``map_batches`` (a class on an
+                       actor pool of one actor: it cannot starve reads on 2 CPUs) →
+                       ``write_parquet``;
+* ``Ray Core tasks``   one task per file (or slice), the model ``ray.put`` once;
+* ``model alone``      MiniLM only: ``model.encode`` over the whole preloaded list.
+
+Every run writes Parquet, and its output row count is checked. Times are wall-clock,
+model loading included (except for ``model alone``). Memory is the peak RSS of this
+process and all its descendants (Ray's included), sampled every 0.1 s with psutil, as the
+increase over the level just before the run; CPU time is that of the same process tree.
+For chute, ``pipeline s`` is the report's ``wall_seconds`` (planning to the last commit,
+without writing report.json/report.html). Ray is started once, before the first Ray run;
+its start-up is timed on its own and excluded.
+
+    python benchmarks/bench.py                                # everything, full size
+    python benchmarks/bench.py --workloads taxi --rows 200000 --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import glob
+import importlib.util
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+
+import numpy as np
+import pandas as pd
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import chute
+from chute.demo import CARRYOVER, TOTAL_ROWS, generate, tip_model
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 2**20
+DEFAULT_ROWS = {"taxi": TOTAL_ROWS, "mlp": 1_000_000, "minilm": 5_000}
+MLP_BATCH = "4MiB"
+MLP_SLICE_ROWS = 262_144  # rows per Ray Core task: chute's in-memory unit size
+MINILM_BATCH = 512  # rows per chute / Ray Data batch
+ENCODE_BATCH = 64  # sentences per forward pass inside model.encode, everywhere
+MINILM_FILES = 4
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>/run.py`` as a module whose classes Ray ships by value."""
+    module_name = f"chute_example_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "examples" / name / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    try:
+        from ray import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
+    except ImportError:
+        pass
+    return module
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+class Sampler:
+    """Peak RSS and CPU time of this process and all its descendants (Ray's included),
+    sampled every ``period`` seconds while the block runs."""
+
+    def __init__(self, period: float = 0.1) -> None:
+        self.period = period
+        self.me = psutil.Process()
+        self.base = self.peak = 0
+        self._cpu: dict[int, list[float]] = {}  # pid -> [CPU s when first seen, latest]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self, first: bool = False) -> None:
+        rss = 0
+        for proc in [self.me, *self.me.children(recursive=True)]:
+            try:
+                with proc.oneshot():
+                    rss += proc.memory_info().rss
+                    times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            used = times.user + times.system
+            self._cpu.setdefault(proc.pid, [used if first else 0.0, used])[1] = used
+        self.peak = max(self.peak, rss)
+        if first:
+            self.base = rss
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time the tree used during the block (processes that ended between two
+        samples lose their last fraction of a period)."""
+        return sum(last - first for first, last in self._cpu.values())
+
+    def __enter__(self) -> Sampler:
+        self._sample(first=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+@dataclass
+class Result:
+    workload: str
+    variant: str
+    rows: int
+    seconds: float
+    cpu: float  # CPU seconds of the process tree
+    peak: int  # bytes above the level before the run
+    pipeline: float | None = None  # chute only: Report.wall_seconds (before the report files)
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def output_rows(directory: str) -> int:
+    files = [
+        f
+        for f in glob.glob(os.path.join(directory, "**", "*.parquet"), recursive=True)
+        if "/_" not in f[len(directory) :] and "/." not in f[len(directory) :]
+    ]
+    return sum(pq.read_metadata(f).num_rows for f in files)
+
+
+def release_memory() -> None:
+    """Hand freed memory back to the OS, so the next run's peak starts from live data."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def measure(
+    workload: str, variant: str, fn: Callable[[str], Any], out: str, expected: int
+) -> Result:
+    """One run of ``fn(out)``, from an empty ``out``; its output rows are checked."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    release_memory()
+    with Sampler() as sampler:
+        started = time.perf_counter()
+        returned = fn(out)
+        seconds = time.perf_counter() - started
+    rows = expected if variant == "model alone" else output_rows(out)
+    if rows != expected:
+        raise SystemExit(f"{workload}/{variant} wrote {rows} rows, expected {expected}")
+    pipeline = getattr(returned, "wall_seconds", None)
+    result = Result(
+        workload, variant, rows, seconds, sampler.cpu_seconds, sampler.peak - sampler.base, pipeline
+    )
+    print(
+        f"  {workload:<7}{variant:<16}{seconds:8.2f} s {result.rate:>12,.0f} rows/s "
+        f"{result.cpu:7.1f} CPU s  peak +{result.peak / MIB:,.0f} MiB",
+        flush=True,
+    )
+    return result
+
+
+def run_all(
+    workload: Workload, variants: dict[str, Callable[[str], Any]], base: str, repeat: int
+) -> list[Result]:
+    """Each variant ``repeat`` times, interleaved (so a change in the machine's load hits
+    them alike); the fastest run of each."""
+    best: dict[str, Result] = {}
+    for _ in range(repeat):
+        for variant, fn in variants.items():
+            out = os.path.join(base, workload.name, variant.replace(" ", "-"))
+            result = measure(workload.name, variant, fn, out, workload.rows)
+            if variant not in best or result.seconds < best[variant].seconds:
+                best[variant] = result
+    return list(best.values())
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+@dataclass
+class Workload:
+    """A dataset, a model, and the variants that run it."""
+
+    name: str
+    rows: int
+    local: dict[str, Callable[[str], Any]] = field(default_factory=dict)
+    ray: dict[str, Callable[[str], Any]] = field(default_factory=dict)
+
+
+# -- taxi: the demo's tip model over 12 Parquet files ----------------------------------
+
+
+class TipActor:
+    """Plain Ray Data: the tip model on an actor, over Arrow batches."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        score = tip_model({"passenger_count": batch.column("passenger_count").to_numpy()})
+        return batch.append_column("tip_score", pa.array(score["score"]))
+
+
+def _taxi_file(model: Callable[..., Any], path: str, out: str) -> int:
+    table = pq.read_table(path, columns=list(CARRYOVER))
+    score = model({"passenger_count": table.column("passenger_count").to_numpy()})["score"]
+    table = table.append_column("tip_score", pa.array(score))
+    pq.write_table(table, os.path.join(out, os.path.basename(path)))
+    return int(table.num_rows)
+
+
+def taxi(base: str, rows: int) -> Workload:
+    data = os.path.join(base, "data", f"taxi-{rows}")
+    files = generate(data, rows)
+    model = chute.Model("tip", tip_model, inputs=["passenger_count"], batch_format="numpy")
+
+    def chute_run(engine: str) -> Callable[[str], Any]:
+        def run(out: str) -> Any:
+            job = chute.Job(
+                chute.FileSource(data),
+                (model,),
+                output=chute.Sink(out),
+                carryover=CARRYOVER,
+                engine=engine,
+            )
+            return job.run(overwrite=True)
+
+        return run
+
+    def loop(out: str) -> None:
+        os.makedirs(out)
+        for path in files:
+            _taxi_file(tip_model, path, out)
+
+    def ray_data(out: str) -> None:
+        import ray
+
+        ds = ray.data.read_parquet(data).select_columns(list(CARRYOVER))
+        ds = ds.map_batches(TipActor, batch_size=16_384, batch_format="pyarrow", concurrency=1)
+        ds.write_parquet(out)
+
+    def ray_core(out: str) -> None:
+        import ray
+
+        os.makedirs(out)
+        task = ray.remote(_taxi_file)
+        ref = ray.put(tip_model)
+        ray.get([task.remote(ref, path, out) for path in files])
+
+    return Workload(
+        "taxi",
+        rows,
+        local={"chute local": chute_run("local"), "pyarrow loop": loop},
+        ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
+    )
+
+
+# -- mlp: a torch MLP over an in-memory DataFrame --------------------------------------
+
+
+class MLPActor:
+    """Plain Ray Data: the example's MLP on an actor, over NumPy batches."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.model = load_example("torch_mlp").MLP(state)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"mlp": self.model(batch)}
+
+
+def _mlp_slice(model: Any, frame: pd.DataFrame, out: str, index: int) -> int:
+    scores = model({name: frame[name].to_numpy() for name in frame.columns})
+    pq.write_table(pa.table({"mlp": scores}), os.path.join(out, f"part-{index:05d}.parquet"))
+    return len(frame)
+
+
+def mlp(base: str, rows: int) -> Workload:
+    example = load_example("torch_mlp")
+    frame = example.make_features(rows)
+    state = example.build_mlp().state_dict()
+    model = chute.Model(
+        "mlp",
+        example.MLP,
+        inputs=example.FEATURES,
+        batch_format="numpy",
+        batch_size=MLP_BATCH,
+        kwargs={"state_dict": state},
+    )
+    batch_rows = model.batch_size.rows_for(4 * len(example.FEATURES))
+
+    def chute_run(engine: str) -> Callable[[str], Any]:
+        return lambda out: chute.run(frame, model, out, engine=engine)
+
+    def loop(out: str) -> None:
+        os.makedirs(out)
+        scorer = example.MLP(state)
+        for i, start in enumerate(range(0, rows, batch_rows)):
+            _mlp_slice(scorer, frame.iloc[start : start + batch_rows], out, i)
+
+    def ray_data(out: str) -> None:
+        import ray
+
+        ds = ray.data.from_pandas(frame).map_batches(
+            MLPActor,
+            fn_constructor_args=(state,),
+            batch_size=batch_rows,
+            batch_format="numpy",
+            concurrency=1,
+        )
+        ds.write_parquet(out)
+
+    def ray_core(out: str) -> None:
+        import ray
+
+        os.makedirs(out)
+        task = ray.remote(_mlp_slice)
+        ref = ray.put(example.MLP(state))
+        starts = range(0, rows, MLP_SLICE_ROWS)
+        ray.get(
+            [
+                task.remote(ref, frame.iloc[s : s + MLP_SLICE_ROWS], out, i)
+                for i, s in enumerate(starts)
+            ]
+        )
+
+    return Workload(
+        "mlp",
+        rows,
+        local={"chute local": chute_run("local"), "pyarrow loop": loop},
+        ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
+    )
+
+
+# -- minilm: sentence embeddings over a text column ------------------------------------
+
+
+class EmbedActor:
+    """Plain Ray Data: the example's embedder on an actor, over Arrow batches."""
+
+    def __init__(self, path: str) -> None:
+        self.embed = load_example("minilm").Embedder(path, ENCODE_BATCH)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return _with_embeddings(batch.select(["id"]), self.embed(batch))
+
+
+def _with_embeddings(table: pa.Table, embeddings: np.ndarray) -> pa.Table:
+    flat = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).ravel())
+    column = pa.FixedSizeListArray.from_arrays(flat, embeddings.shape[1])
+    return table.append_column("embedding", column)
+
+
+def _embed_file(model: Any, path: str, out: str) -> int:
+    table = pq.read_table(path)
+    vectors = model.encode(
+        table.column("text").to_pylist(),
+        batch_size=ENCODE_BATCH,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
+    pq.write_table(
+        _with_embeddings(table.select(["id"]), vectors), os.path.join(out, os.path.basename(path))
+    )
+    return int(table.num_rows)
+
+
+def minilm(base: str, rows: int) -> Workload:
+    example = load_example("minilm")
+    data = os.path.join(base, "data", f"sentences-{rows}")
+    sentences = example.make_sentences(rows)
+    if output_rows(data) != rows:
+        example.write_sentences(data, sentences, files=MINILM_FILES)
+    files = sorted(glob.glob(os.path.join(data, "*.parquet")))
+    path = example.model_dir()
+    model = chute.Model(
+        "embedding",
+        example.Embedder,
+        inputs=["text"],
+        batch_size=MINILM_BATCH,
+        args=(path, ENCODE_BATCH),
+    )
+    preloaded = example.load_model(path)
+
+    def alone(out: str) -> None:
+        preloaded.encode(
+            sentences, batch_size=ENCODE_BATCH, convert_to_numpy=True, show_progress_bar=False
+        )
+
+    def chute_run(engine: str) -> Callable[[str], Any]:
+        return lambda out: chute.run(data, model, out, carryover=["id"], engine=engine)
+
+    def loop(out: str) -> None:
+        os.makedirs(out)
+        loaded = example.load_model(path)
+        for file in files:
+            _embed_file(loaded, file, out)
+
+    def ray_data(out: str) -> None:
+        import ray
+
+        ds = ray.data.read_parquet(data).map_batches(
+            EmbedActor,
+            fn_constructor_args=(path,),
+            batch_size=MINILM_BATCH,
+            batch_format="pyarrow",
+            concurrency=1,
+        )
+        ds.write_parquet(out)
+
+    def ray_core(out: str) -> None:
+        import ray
+
+        os.makedirs(out)
+        task = ray.remote(_embed_file)
+        ref = ray.put(example.load_model(path))
+        ray.get([task.remote(ref, file, out) for file in files])
+
+    return Workload(
+        "minilm",
+        rows,
+        local={"model alone": alone, "chute local": chute_run("local"), "pyarrow loop": loop},
+        ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
+    )
+
+
+WORKLOADS: dict[str, Callable[[str, int], Workload]] = {"taxi": taxi, "mlp": mlp, "minilm": minilm}
+
+
+# --------------------------------------------------------------------------- report
+
+
+COMPARISONS = [
+    ("chute local", "pyarrow loop", "local ≥ single-process loop"),
+    ("chute local", "model alone", "within 10% of the model alone"),
+    ("chute ray", "Ray Data", "ray ≥ plain Ray Data"),
+    ("chute ray", "Ray Core tasks", "(for reference)"),
+]
+
+
+def print_tables(results: list[Result], ray_start: float | None) -> None:
+    workloads = list(dict.fromkeys(r.workload for r in results))
+    head = (
+        f"{'variant':<18}{'seconds':>9}{'rows/s':>13}{'CPU s':>8}{'peak MiB':>10}{'pipeline s':>12}"
+    )
+    for name in workloads:
+        rows = [r for r in results if r.workload == name]
+        print(f"\n## {name}: {rows[0].rows:,} rows\n")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            pipeline = "" if r.pipeline is None else f"{r.pipeline:.2f}"
+            print(
+                f"{r.variant:<18}{r.seconds:>9.2f}{r.rate:>13,.0f}{r.cpu:>8.1f}"
+                f"{r.peak / MIB:>10,.0f}{pipeline:>12}"
+            )
+        by = {r.variant: r for r in rows}
+        lines = []
+        for ours, theirs, goal in COMPARISONS:
+            if ours not in by or theirs not in by:
+                continue
+            a, b = by[ours], by[theirs]
+            small = b.peak < 16 * MIB  # a ratio of two noise levels means nothing
+            mem = "-" if small else f"{a.peak / b.peak:.2f}×"
+            cpu = f"{a.cpu / b.cpu:.2f}×" if b.cpu > 0 else "-"
+            lines.append(
+                f"{ours + ' / ' + theirs:<30}{a.rate / b.rate:>7.2f}×{cpu:>8}{mem:>10}   {goal}"
+            )
+        if lines:
+            print(f"\n{'chute / baseline':<30}{'rows/s':>8}{'CPU s':>8}{'peak':>10}")
+            print("\n".join(lines))
+    print(
+        "\nseconds: wall time of the whole run. pipeline s (chute): the report's wall_seconds, "
+        "from planning\nto the last commit; the rest of 'seconds' is writing report.json and "
+        "report.html."
+    )
+    if ray_start is not None:
+        print(
+            f"Ray start-up (ray.init + a first Ray Data job), not in any time above: "
+            f"{ray_start:.2f} s"
+        )
+
+
+def start_ray() -> float:
+    import ray
+
+    started = time.perf_counter()
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    ray.data.range(8).map_batches(lambda b: b).materialize()  # Ray Data's own actors
+    return time.perf_counter() - started
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_rows(text: str | None) -> dict[str, int]:
+    rows = dict(DEFAULT_ROWS)
+    if not text:
+        return rows
+    if text.replace("_", "").isdigit():
+        return {name: int(text) for name in rows}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in rows or not value.replace("_", "").isdigit():
+            raise SystemExit(f"--rows: cannot read {item!r}; write 100000 or taxi=100000,mlp=...")
+        rows[name] = int(value)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--workloads", default="taxi,mlp,minilm", help="comma-separated: taxi, mlp, minilm"
+    )
+    parser.add_argument(
+        "--rows",
+        default=None,
+        help="rows for every workload (100000) or per workload "
+        "(taxi=1710629,mlp=1000000,minilm=10000, the defaults)",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "bench-out"),
+        help="data and outputs (default: bench-out/ in the repo)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="best of N runs per variant")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray variants")
+    return parser.parse_args(argv)
+
+
+def header(args: argparse.Namespace) -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"chute benchmark · {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · commit {commit()}\n"
+        f"{cpu_model()} · {os.cpu_count()} CPUs · "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB · Python {platform.python_version()} · "
+        f"load average before: {load}"
+    )
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def commit() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
+def chosen(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    rows = parse_rows(args.rows)
+    for name in args.workloads.split(","):
+        if name not in WORKLOADS:
+            raise SystemExit(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
+        yield name, rows[name]
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    args = parse_args(argv)
+    print(header(args), flush=True)
+    print("preparing data ...", flush=True)
+    workloads = [WORKLOADS[name](args.out, rows) for name, rows in chosen(args)]
+    results: list[Result] = []
+    outputs = os.path.join(args.out, "results")
+    for w in workloads:  # everything without Ray first, so no idle Ray process is counted
+        results += run_all(w, w.local, outputs, args.repeat)
+    ray_start = None
+    if not args.no_ray:
+        ray_start = start_ray()
+        print(f"  Ray started in {ray_start:.2f} s", flush=True)
+        for w in workloads:
+            results += run_all(w, w.ray, outputs, args.repeat)
+    order = [
+        "model alone",
+        "chute local",
+        "pyarrow loop",
+        "chute ray",
+        "Ray Data",
+        "Ray Core tasks",
+    ]
+    results.sort(
+        key=lambda r: ([w.name for w in workloads].index(r.workload), order.index(r.variant))
+    )
+    print_tables(results, ray_start)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nload average after: {load}")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
