@@ -40,10 +40,11 @@ def render(report: dict[str, Any]) -> str:
         f"<style>{STYLE}</style></head><body>",
         "<h1>chute report</h1>",
         _summary(report),
-        _metrics(report.get("metrics", {})),
         "<h2>Plots</h2><div class='plots'>",
         *(f"<div class='plot'>{_svg(spec)}</div>" for spec in plots),
-        "</div></body></html>",
+        "</div>",
+        _metrics(report.get("metrics", {})),
+        "</body></html>",
     ]
     return "\n".join(parts)
 
