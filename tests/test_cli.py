@@ -137,6 +137,7 @@ def test_status_shows_progress_of_a_location(job_dir: Path) -> None:
     code, out = invoke("status", str(job_dir / "out"))
     assert code == 0, out
     assert "12 of 12" in out and "24,000" in out and "yes" in out
+    assert "rows failed │ 0" in out and "inputs skipped │ 0" in out
 
 
 BAD_JOBS = [

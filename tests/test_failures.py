@@ -10,8 +10,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
 import chute
+from chute.cli import main
 
 ROWS = 100_000
 BAD = (17, 54_321, 99_999)
@@ -68,6 +70,8 @@ def test_quarantine_isolates_exactly_the_rows_that_raise(
     assert errors.set_index("id").label.to_dict() == {i: f"r{i}" for i in BAD}
     assert (report.rows_in, report.rows_failed) == (ROWS, len(BAD))
     assert (tmp_path / "out" / "_SUCCESS").exists()
+    status = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["status", str(tmp_path / "out")])
+    assert "rows failed │ 3 (in _errors/)" in " ".join(status.output.split())
 
 
 @pytest.mark.timeout(240)

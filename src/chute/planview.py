@@ -119,6 +119,10 @@ def render_status(output: str) -> RenderableType:
     if total:
         table.add_row("units pending", str(total - len(entries)))
     table.add_row("rows committed", f"{sum(e['rows'] for e in entries.values()):,}")
+    failed = sum(e.get("errors", 0) for e in entries.values())
+    table.add_row("rows failed", f"{failed:,}" + (" (in _errors/)" if failed else ""))
+    skipped = [e["unit"] for e in entries.values() if e.get("skipped")]
+    table.add_row("inputs skipped", ", ".join(skipped) if skipped else "0")
     table.add_row("finished", "yes" if finished else "no — run the job again to resume")
     parts: list[RenderableType] = [table]
     if report:
