@@ -10,7 +10,7 @@ import hashlib
 import json
 import marshal
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -344,10 +344,3 @@ def _short_repr(value: Any) -> str:
         return f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}"
     text = repr(value)
     return text if len(text) <= 200 else f"{type(value).__name__}@{len(text)}"
-
-
-def normalize_names(values: Sequence[str] | str | None) -> tuple[str, ...] | None:
-    """Accept one column name or several."""
-    if values is None:
-        return None
-    return (values,) if isinstance(values, str) else tuple(values)

@@ -36,8 +36,6 @@ from chute.sinks import PartRecord, PartWriter, records_from_table, records_to_t
 from chute.sources import DatasetSource, TableSource, Unit
 from chute.stages import ModelStage, PreprocessStage
 
-log = logging.getLogger("chute")
-
 
 def init_ray(address: str | None, verbose: bool) -> None:
     """Connect to ``address`` (or ``RAY_ADDRESS``), or start a quiet local Ray."""
