@@ -7,6 +7,7 @@ as it is (after checking that it exists); remote URIs are the storage layer's to
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 from chute.errors import ConfigError
 
@@ -21,3 +22,22 @@ def local_path(path: str, what: str = "model artifact") -> str:
     if not os.path.exists(resolved):
         raise ConfigError(f"{what} {path!r} does not exist: check the path.")
     return resolved
+
+
+def identity(path: str) -> str:
+    """A cheap identity of an artifact (sizes and modification times), for job fingerprints."""
+    if "://" in path or not os.path.exists(path):
+        return path
+    return ";".join(f"{name}:{size}:{mtime}" for name, size, mtime in _stat_tree(path))
+
+
+def _stat_tree(path: str) -> Iterator[tuple[str, int, int]]:
+    if os.path.isfile(path):
+        stat = os.stat(path)
+        yield os.path.basename(path), stat.st_size, stat.st_mtime_ns
+        return
+    for folder, _, names in sorted(os.walk(path)):
+        for name in sorted(names):
+            full = os.path.join(folder, name)
+            stat = os.stat(full)
+            yield os.path.relpath(full, path), stat.st_size, stat.st_mtime_ns

@@ -301,10 +301,22 @@ def _fn_name(fn: Any) -> str:
     """The function's import name and a hash of its code, so an edited model is a new job."""
     if isinstance(fn, str):
         return fn
+    if type(fn).__name__ == "AdapterSpec":
+        return _adapter_name(fn)
     named = isinstance(fn, type) or (callable(fn) and hasattr(fn, "__qualname__"))
     target = fn if named else type(fn)
     name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
     return f"{name}#{_code_hash(target)}"
+
+
+def _adapter_name(spec: Any) -> str:
+    """A built-in adapter: its kind, options and the identity of the artifacts it loads."""
+    from chute.artifacts import identity
+
+    options = {k: _short_repr(v) for k, v in sorted(spec.options.items())}
+    artifacts = [identity(path) for path in spec.load_class(check=False).artifacts(spec.options)]
+    blob = json.dumps([options, artifacts], sort_keys=True).encode()
+    return f"adapter:{spec.kind}#{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
 def _code_hash(target: Any) -> str:

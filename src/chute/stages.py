@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from chute.errors import ConfigError, ModelError
+from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import BatchFormat, Model, Preprocess
+from chute.models import AdapterSpec, ReplicaContext
 
 KEY = "__chute_key"
 ROW_BITS = 40
@@ -203,6 +204,8 @@ class ModelStage:
     def _load(
         self, model: Model, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Callable[[Any], Any]:
+        if isinstance(target, AdapterSpec):
+            return self._load_adapter(model, target)
         if not isinstance(target, type):
             if args or kwargs:
                 raise ConfigError(
@@ -219,6 +222,16 @@ class ModelStage:
         if not callable(instance):
             raise ConfigError(f"model {model.name!r}: {target.__name__} has no __call__.")
         return instance  # type: ignore[no-any-return]
+
+    def _load_adapter(self, model: Model, spec: AdapterSpec) -> Callable[[Any], Any]:
+        """A built-in adapter gets Arrow batches whatever ``batch_format`` says: it converts."""
+        self.batch_format = "pyarrow"
+        try:
+            return spec.build(ReplicaContext(model.name, model.resources))
+        except ChuteError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"model {model.name!r} ({spec.kind}) failed to load: {exc!r}") from exc
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""

@@ -1,0 +1,67 @@
+"""The small protocol every built-in adapter follows: load once, predict a batch.
+
+An adapter is a class. A model stage builds it once per replica (a thread on the local
+engine, an actor on Ray) with the replica's :class:`ReplicaContext` and the options the
+job gave (``path``, ``method``, ...), then calls it with Arrow tables of the model's input
+columns. It returns a mapping of output column (without the model-name prefix) to values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from chute.job import Resources
+
+
+@dataclass(frozen=True)
+class ReplicaContext:
+    """What a replica knows about where it runs."""
+
+    model: str
+    """The model's name, for messages."""
+    resources: Resources = field(default_factory=Resources)
+    """The resources reserved for this replica (its CPUs and GPUs)."""
+
+    @property
+    def device(self) -> str:
+        """``"cuda"`` when the replica holds a GPU (Ray sets which one it sees), else ``"cpu"``."""
+        return "cuda" if self.resources.gpus > 0 else "cpu"
+
+    @property
+    def threads(self) -> int:
+        """Intra-op threads matched to the replica's CPUs (at least one)."""
+        cpus = self.resources.cpus if self.resources.cpus is not None else os.cpu_count() or 1
+        return max(1, int(cpus))
+
+
+class Adapter:
+    """Base class of built-in adapters; subclasses load in ``__init__`` and map in ``__call__``.
+
+    >>> class Double(Adapter):
+    ...     kind = "double"
+    ...     def __call__(self, batch):
+    ...         return {"value": batch.column(0).to_numpy() * 2}
+    """
+
+    kind: ClassVar[str] = ""
+    """The name jobs use for it: ``model: {type: <kind>, ...}``."""
+    extra: ClassVar[str | None] = None
+    """The pip extra that installs its framework: ``pip install 'chute[<extra>]'``."""
+
+    def __init__(self, context: ReplicaContext, **options: Any) -> None:
+        self.context = context
+        self.options = options
+
+    def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def artifacts(cls, options: Mapping[str, Any]) -> Sequence[str]:
+        """The files the adapter loads, so that a changed artifact makes a changed job."""
+        path = options.get("path")
+        return [str(path)] if path else []
