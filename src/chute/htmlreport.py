@@ -19,6 +19,8 @@ import io
 from collections.abc import Iterable
 from typing import Any
 
+from chute.report import memory_notes
+
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
@@ -65,6 +67,7 @@ def _summary(report: dict[str, Any]) -> str:
         ("status", "complete" if report.get("complete", True) else "INCOMPLETE"),
     ]
     rows += [("skipped input", f"{b['unit']}: {b['error']}") for b in report.get("units_bad", [])]
+    rows += [(f"model {name}", note) for name, note in memory_notes(report)]
     body = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
     )

@@ -19,6 +19,7 @@ from chute.errors import ConfigError
 if TYPE_CHECKING:
     from chute.report import Report
     from chute.sources import Source
+    from chute.storage import StorageOptions
 
 BatchFormat = Literal["pyarrow", "pandas", "numpy"]
 BATCH_FORMATS: tuple[str, ...] = ("pyarrow", "pandas", "numpy")
@@ -31,6 +32,8 @@ ON_ERROR: tuple[str, ...] = ("fail", "quarantine")
 ENGINES: tuple[str, ...] = ("auto", "local", "ray")
 
 DEFAULT_BATCH_ROWS = 16_384
+AUTO_BATCH_ROWS = 65_536
+"""Where ``batch_size: auto`` starts: one read batch; out-of-memory errors halve it."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -102,14 +105,22 @@ class Pool:
 
 @dataclass(frozen=True)
 class BatchSize:
-    """A batch size in rows, or in bytes of the model's input columns.
+    """A batch size in rows, or in bytes of the model's input columns, or ``"auto"``.
+
+    Whatever the size, a model stage that runs out of memory (host ``MemoryError``, CUDA
+    out of memory) splits the batch in half and retries, and keeps the smaller size for that
+    replica. ``"auto"`` starts large (:data:`AUTO_BATCH_ROWS` rows) and relies on that.
 
     >>> BatchSize.parse("8MiB")
-    BatchSize(rows=None, bytes=8388608)
+    BatchSize(rows=None, bytes=8388608, auto=False)
+    >>> BatchSize.parse("auto").rows
+    65536
     """
 
     rows: int | None = DEFAULT_BATCH_ROWS
     bytes: int | None = None
+    auto: bool = False
+    """Start at :data:`AUTO_BATCH_ROWS` rows and let out-of-memory splits find the size."""
 
     def __post_init__(self) -> None:
         if (self.rows is None) == (self.bytes is None):
@@ -120,13 +131,15 @@ class BatchSize:
 
     @classmethod
     def parse(cls, value: int | str | BatchSize) -> BatchSize:
-        """Rows from an int, bytes from a size string like ``"64MiB"``."""
+        """Rows from an int, bytes from a size string like ``"64MiB"``, or ``"auto"``."""
         if isinstance(value, BatchSize):
             return value
         if isinstance(value, bool):
             raise ConfigError(f"batch size must be rows (an int) or a size string, got {value}.")
         if isinstance(value, int):
             return cls(rows=value)
+        if value.strip().lower() == "auto":
+            return cls(rows=AUTO_BATCH_ROWS, auto=True)
         if value.strip().isdigit():
             return cls(rows=int(value))
         return cls(rows=None, bytes=parse_bytes(value))
@@ -221,8 +234,14 @@ class Sink:
 
     path: str
     format: OutputFormat = "parquet"
+    storage: StorageOptions | None = None
+    """How to reach remote storage (endpoint, region, anonymous); never credentials.
+    The endpoint is taken from ``AWS_ENDPOINT_URL(_S3)`` here, on the driver."""
 
     def __post_init__(self) -> None:
+        from chute.storage import StorageOptions
+
+        object.__setattr__(self, "storage", (self.storage or StorageOptions()).with_env())
         if self.format not in OUTPUT_FORMATS:
             raise ConfigError(
                 f"output format {self.format!r} is not one of {', '.join(OUTPUT_FORMATS)}."
@@ -252,8 +271,13 @@ class Job:
     on_bad_input: OnBadInput = "fail"
     """``fail`` stops on an unreadable or drifted input unit, naming it; ``skip`` leaves it
     out and lists it in the report."""
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    """Ray's runtime environment for the job's workers when chute starts or joins Ray
+    (``working_dir``, ``pip``, ``env_vars``, ...): how a job's own code reaches a cluster.
+    Job files set ``working_dir`` to their directory when they name code that lives there."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime_env", dict(self.runtime_env))
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "carryover", tuple(self.carryover))
         object.__setattr__(self, "metrics", tuple(self.metrics))

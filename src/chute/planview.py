@@ -15,7 +15,7 @@ from chute.errors import JobStateError
 from chute.job import Job
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.plan import Plan, build_plan
-from chute.report import Report
+from chute.report import Report, memory_notes
 from chute.sinks import output_filesystem
 
 
@@ -132,4 +132,5 @@ def render_status(output: str) -> RenderableType:
                 f"{report.get('wall_seconds', 0):.2f} s on {report.get('engine')}"
             )
         )
+        parts += [Text(f"model {name}: {note}") for name, note in memory_notes(report)]
     return Group(*parts)

@@ -33,11 +33,32 @@ class StageStats:
     busy_seconds: float = 0.0
     rows: int = 0
     batches: int = 0
+    oom_splits: int = 0
+    """Batches a model split in half after running out of memory."""
+    batch_rows: int | None = None
+    """Rows per batch after those splits (the smallest over the replicas); ``None``: none."""
 
     def add(self, seconds: float, rows: int, batches: int = 1) -> None:
         self.busy_seconds += seconds
         self.rows += rows
         self.batches += batches
+
+    def add_splits(self, splits: int, batch_rows: int | None) -> None:
+        """Count out-of-memory splits, and the replica's rows per batch since."""
+        self.oom_splits += splits
+        if batch_rows is not None:
+            self.batch_rows = min(batch_rows, self.batch_rows or batch_rows)
+
+    @property
+    def memory_note(self) -> str | None:
+        """``"3 out-of-memory splits, batch now 1,024 rows"``, or ``None`` without splits."""
+        if not self.oom_splits:
+            return None
+        plural = "s" if self.oom_splits != 1 else ""
+        return (
+            f"{self.oom_splits} out-of-memory split{plural}, "
+            f"batch now {self.batch_rows or 0:,} rows"
+        )
 
 
 @dataclass
@@ -115,11 +136,24 @@ class Report:
             table.add_row(
                 f"busy: {name}", f"{stats.busy_seconds:.2f} s over {stats.batches} batches"
             )
+            if stats.memory_note:
+                table.add_row(f"model {name}", stats.memory_note)
         for owner, metrics in self.metrics.items():
             for name, values in metrics.items():
                 table.add_row(f"{owner}: {name}", _headline(values))
         table.add_row("status", "complete" if self.complete else "INCOMPLETE")
         return table
+
+
+def memory_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, "3 out-of-memory splits, batch now 1,024 rows") from a ``report.json``."""
+    notes = []
+    for name, data in (report.get("stages") or {}).items():
+        known = {f.name for f in fields(StageStats)}
+        note = StageStats(**{k: v for k, v in data.items() if k in known}).memory_note
+        if note:
+            notes.append((name, note))
+    return notes
 
 
 def _headline(values: dict[str, Any]) -> str:

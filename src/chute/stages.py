@@ -23,6 +23,7 @@ import pyarrow as pa
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import BatchFormat, Model, Preprocess
 from chute.models import AdapterSpec, ReplicaContext
+from chute.oom import is_out_of_memory
 
 KEY = "__chute_key"
 ROW_BITS = 40
@@ -63,6 +64,12 @@ def import_string(target: str) -> Any:
         return getattr(module, attr)
     except AttributeError as exc:
         raise ConfigError(f"module {module_name!r} has no attribute {attr!r}.") from exc
+
+
+def add_code_dir(path: str) -> None:
+    """Let ``module:name`` targets import modules from ``path`` (a job's own directory)."""
+    if path not in sys.path:
+        sys.path.append(path)  # never ahead of installed packages
 
 
 _IMPORT_LOCK = threading.Lock()
@@ -167,12 +174,21 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
 
 
 class StageClock:
-    """Busy seconds and rows of one stage replica."""
+    """Busy seconds and rows of one stage replica, and its out-of-memory splits."""
 
     def __init__(self) -> None:
         self.busy = 0.0
         self.rows = 0
         self.batches = 0
+        self.oom_splits = 0
+        """Out-of-memory splits not yet reported (see :meth:`take_splits`)."""
+        self.batch_rows: int | None = None
+        """The most rows the replica predicts at once after a split; ``None`` before one."""
+
+    def take_splits(self) -> tuple[int, int | None]:
+        """The splits since the last call, and the rows per batch now; resets the count."""
+        splits, self.oom_splits = self.oom_splits, 0
+        return splits, self.batch_rows
 
     def record(self, seconds: float, rows: int) -> None:
         self.busy += seconds
@@ -266,18 +282,26 @@ class ModelStage:
 
         Returns the predicted pieces as (first row, end row, columns) and the failed rows.
         Under ``fail`` the first failing row is found and raised with its position.
+
+        An out-of-memory error is no row's fault: the range is halved and retried, and the
+        replica keeps the smaller size (``clock.batch_rows``) for every later batch.
         """
         pieces: list[tuple[int, int, dict[str, pa.Array]]] = []
         failures: list[tuple[int, Exception]] = []
-        pending = [(0, view.num_rows)] if view.num_rows else []
+        pending = self._chunks(0, view.num_rows)
         while pending:
             lo, hi = pending.pop()
+            if hi - lo > (self.clock.batch_rows or hi - lo):  # queued before a later split
+                pending += self._chunks(lo, hi)
+                continue
             try:
                 pieces.append((lo, hi, self._predict(view.slice(lo, hi - lo))))
-            except ModelError:
-                raise
             except Exception as exc:
-                if hi - lo > 1:
+                if is_out_of_memory(exc):
+                    pending += self._split_for_memory(view, lo, hi, exc)
+                elif isinstance(exc, ModelError):
+                    raise
+                elif hi - lo > 1:
                     mid = (lo + hi) // 2
                     pending += [(mid, hi), (lo, mid)]  # the lower half is tried first
                 elif self.on_error == "quarantine":
@@ -287,19 +311,52 @@ class ModelStage:
         pieces.sort(key=lambda piece: piece[0])
         return pieces, sorted(failures, key=lambda failure: failure[0])
 
+    def _chunks(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """``lo..hi`` in pieces of at most ``clock.batch_rows``, the first piece last (popped
+        first)."""
+        step = self.clock.batch_rows or max(hi - lo, 1)
+        return [(start, min(start + step, hi)) for start in range(lo, hi, step)][::-1]
+
+    def _split_for_memory(
+        self, view: pa.Table, lo: int, hi: int, exc: Exception
+    ) -> list[tuple[int, int]]:
+        """Halve the replica's batch after an out-of-memory error on rows ``lo..hi``."""
+        if hi - lo == 1:
+            raise self._out_of_memory(view, lo, exc) from exc
+        half = (hi - lo + 1) // 2
+        self.clock.batch_rows = min(half, self.clock.batch_rows or half)
+        self.clock.oom_splits += 1
+        return self._chunks(lo, hi)
+
+    def _out_of_memory(self, view: pa.Table, row: int, exc: Exception) -> ModelError:
+        unit, position, text = self._row(view, row)
+        return ModelError(
+            f"model {self.name!r} ran out of memory ({type(exc).__name__}: {exc}) on a single "
+            f"row: row {position} of unit {unit}; the row: {text}. Make the inputs smaller, "
+            "give the model more memory, or run fewer replicas per GPU.",
+            unit=unit,
+            row=position,
+        )
+
     def _fatal(self, view: pa.Table, row: int, exc: Exception) -> ModelError:
+        unit, position, text = self._row(view, row)
+        return ModelError(
+            f"model {self.name!r} raised {type(exc).__name__}: {exc} — on row {position}"
+            f" of unit {unit}; the row: {text}. Fix the model or the data, or set "
+            "on_error: quarantine to write such rows to the errors dataset and go on.",
+            unit=unit,
+            row=position,
+        )
+
+    @staticmethod
+    def _row(view: pa.Table, row: int) -> tuple[int, int, str]:
+        """The unit and position of ``row`` in ``view``, and the row shown briefly."""
         keys = view.column(KEY).to_numpy()[row : row + 1]
         unit, position, _ = decode(keys)
         shown = {k: v for k, v in view.slice(row, 1).to_pylist()[0].items() if k != KEY}
         text = repr(shown)
         text = text if len(text) <= 500 else text[:500] + "…"
-        return ModelError(
-            f"model {self.name!r} raised {type(exc).__name__}: {exc} — on row {int(position[0])}"
-            f" of unit {int(unit[0])}; the row: {text}. Fix the model or the data, or set "
-            "on_error: quarantine to write such rows to the errors dataset and go on.",
-            unit=int(unit[0]),
-            row=int(position[0]),
-        )
+        return int(unit[0]), int(position[0]), text
 
 
 ERROR_MODEL = "__chute_error_model"

@@ -215,6 +215,8 @@ class _Run:
                 began = time.perf_counter()
                 result = model(batch)
                 self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
+                with self._stats_lock:
+                    self.stats[stage.model.name].add_splits(*model.clock.take_splits())
                 out.put(result)
         finally:
             out.close()

@@ -19,7 +19,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -36,13 +36,33 @@ from chute.sinks import PartRecord, PartWriter, records_from_table, records_to_t
 from chute.sources import DatasetSource, TableSource, Unit
 from chute.stages import ModelStage, PreprocessStage
 
+log = logging.getLogger("chute")
 
-def init_ray(address: str | None, verbose: bool) -> None:
-    """Connect to ``address`` (or ``RAY_ADDRESS``), or start a quiet local Ray."""
+SHIP_EXCLUDES = [".git", "__pycache__", "*.pyc", ".venv", "_chute"]
+"""Never shipped with a job's directory (Ray also honours the directory's .gitignore)."""
+_shipped: dict[str, str | None] = {"working_dir": None}
+"""The local directory this process's Ray session ships to its workers, if any."""
+
+
+def init_ray(
+    address: str | None, verbose: bool, runtime_env: Mapping[str, Any] | None = None
+) -> str | None:
+    """Connect to ``address`` (or ``RAY_ADDRESS``), or start a quiet local Ray.
+
+    ``runtime_env`` (the job's) applies to every worker; returns the local ``working_dir``
+    the workers run in (a copy shipped by Ray), or ``None`` when no code is shipped.
+    """
     import ray
 
+    wanted = (runtime_env or {}).get("working_dir")
     if ray.is_initialized():
-        return
+        if wanted and wanted != _shipped["working_dir"]:
+            log.warning(
+                "Ray was started before this job, so its runtime_env (working_dir %s) is not "
+                "applied: pass runtime_env to ray.init() yourself, or let chute start Ray.",
+                wanted,
+            )
+        return _shipped["working_dir"]
     address = address or os.environ.get("RAY_ADDRESS")
     if not verbose:
         # Ray Data hands every actor pool its transformer by reference, and Ray's core
@@ -60,14 +80,52 @@ def init_ray(address: str | None, verbose: bool) -> None:
                 log_to_driver=verbose,
                 logging_level=logging.INFO if verbose else logging.ERROR,
                 configure_logging=True,
+                runtime_env=dict(runtime_env) if runtime_env else None,
             )
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        if wanted and "size" in str(exc).lower():
+            raise ConfigError(
+                f"cannot ship the job's directory {wanted!r} to the workers: {exc}. Keep data "
+                "and large models in storage, not beside the job, or list them under "
+                "runtime_env: {excludes: [...]}."
+            ) from exc
         where = f"connect to the Ray cluster at {address!r}" if address else "start Ray"
         raise ConfigError(
             f"cannot {where}: {exc}. Check the address (the head's host:port "
             "as printed by 'ray start --head') and that the cluster is up, or unset RAY_ADDRESS "
             "to run locally."
         ) from exc
+    _shipped["working_dir"] = wanted if isinstance(wanted, str) and "://" not in wanted else None
+    return _shipped["working_dir"]
+
+
+def job_runtime_env(plan: Plan) -> dict[str, Any]:
+    """The job's runtime_env, with its output, its inputs and build debris excluded."""
+    env = dict(plan.job.runtime_env)
+    root = env.get("working_dir")
+    if not isinstance(root, str) or "://" in root:
+        return env
+    paths = [plan.job.output.path] if plan.job.output is not None else []
+    paths += list(getattr(plan.source, "paths", []))
+    inside = [os.path.relpath(p, root) for p in paths if "://" not in p and _under(p, root)]
+    env["excludes"] = [*env.get("excludes", []), *SHIP_EXCLUDES, *(f"/{p}" for p in inside)]
+    return env
+
+
+def portable(target: Any, shipped: str | None) -> Any:
+    """A ``file.py:name`` target inside the shipped directory, relative to it: the workers
+    run in their copy of that directory, where the driver's absolute path does not exist."""
+    if not isinstance(target, str) or shipped is None:
+        return target
+    module, sep, attr = target.rpartition(":")
+    if sep and module.endswith(".py") and os.path.isabs(module) and _under(module, shipped):
+        return f"{os.path.relpath(module, shipped)}:{attr}"
+    return target
+
+
+def _under(path: str, root: str) -> bool:
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return os.path.commonpath([path, root]) == root
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -187,8 +245,12 @@ class _Stats:
     def __init__(self) -> None:
         self.stats: dict[str, StageStats] = {}
 
-    def add(self, name: str, seconds: float, rows: int) -> None:
-        self.stats.setdefault(name, StageStats()).add(seconds, rows)
+    def add(
+        self, name: str, seconds: float, rows: int, splits: int = 0, batch_rows: int | None = None
+    ) -> None:
+        stats = self.stats.setdefault(name, StageStats())
+        stats.add(seconds, rows)
+        stats.add_splits(splits, batch_rows)
 
     def get(self) -> dict[str, StageStats]:
         return self.stats
@@ -232,8 +294,9 @@ class _ModelActor:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         out = self.stage(table)
-        self.stats.add.remote(self.stage.name, self.stage.clock.busy, table.num_rows)
-        self.stage.clock.busy = 0.0
+        clock = self.stage.clock
+        self.stats.add.remote(self.stage.name, clock.busy, table.num_rows, *clock.take_splits())
+        clock.busy = 0.0
         if self.writer is None:
             return out
         return records_to_table(self.writer.write(out))
@@ -245,13 +308,15 @@ class RayEngine:
     def __init__(self, address: str | None = None, verbose: bool = False) -> None:
         self.address = address
         self.verbose = verbose
+        self.shipped: str | None = None
+        """The job directory the workers run in, when Ray ships it (see :func:`init_ray`)."""
 
     def prepare(self, plan: Plan) -> None:
         """Connect, and fail before anything is written if the cluster cannot run the plan."""
         self.resources(plan)
 
     def resources(self, plan: Plan) -> list[StageResources]:
-        init_ray(self.address, self.verbose)
+        self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
         return plan_resources([s.model for s in plan.stages], cluster())
 
     def execute(
@@ -300,6 +365,7 @@ class RayEngine:
         )
         spec = plan.job.preprocess
         if spec is not None:
+            spec = replace(spec, fn=portable(spec.fn, self.shipped))
             inputs = list(spec.inputs or plan.read_columns or plan.source.schema().names)
             dataset = dataset.map_batches(
                 _PreprocessTask(spec, inputs, plan.carryover, stats),
@@ -328,7 +394,7 @@ class RayEngine:
         ctor = ray.put((model.args, dict(model.kwargs))) if model.args or model.kwargs else None
         stub = replace(
             model,
-            fn=model.fn if isinstance(model.fn, str) else "<object store>",
+            fn=portable(model.fn, self.shipped) if isinstance(model.fn, str) else "<object store>",
             args=(),
             kwargs={},
         )
