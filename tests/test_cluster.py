@@ -27,9 +27,10 @@ output: out
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
-    """A one-node Ray cluster in its own processes, started with ``ray start --head``."""
+    """A two-node Ray cluster in its own processes (``ray start``), 2 CPUs on each node."""
     cluster = LoopbackCluster(tmp_path_factory.mktemp("ray-head"), head_cpus=2).start()
     try:
+        cluster.add_node(cpus=2)
         yield cluster
     finally:
         cluster.stop()
@@ -75,3 +76,88 @@ def test_an_unreachable_address_is_a_clear_error(tmp_path: Path) -> None:
     assert run.returncode == 2
     assert "cannot connect to the Ray cluster at '127.0.0.9:1'" in " ".join(run.stderr.split())
     assert "Traceback" not in run.stderr
+
+
+SCORER = """
+import os
+
+import ray
+
+from features import fare_per_mile  # a sibling module: the whole directory ships
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Scorer:
+    def __init__(self):
+        with open(os.path.join(HERE, "threshold.txt")) as f:  # a data file beside the code
+            self.threshold = float(f.read())
+        self.node = ray.util.get_node_ip_address()
+
+    def __call__(self, batch):
+        rate = fare_per_mile(batch["fare_amount"], batch["trip_distance"])
+        return {"high": rate > self.threshold, "node": [self.node] * len(rate)}
+"""
+
+FEATURES = """
+import numpy as np
+
+
+def fare_per_mile(fare, miles):
+    return np.asarray(fare) / np.maximum(np.asarray(miles), 0.1)
+"""
+
+LOCAL_CODE_JOB = """
+input: ../data
+carryover: [trip_id]
+models:
+  - name: fare
+    fn: scorer:Scorer
+    inputs: [fare_amount, trip_distance]
+    batch_format: numpy
+    batch_size: 2000
+    pool: 3
+output: ../out
+"""
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ship", [True, False], ids=["shipped", "working_dir-null"])
+def test_a_job_whose_model_is_a_local_module_ships_its_directory_to_the_cluster(
+    tmp_path: Path, cluster: LoopbackCluster, ship: bool
+) -> None:
+    """The cluster's nodes run in another directory and cannot import the job's module
+    unless Ray ships the job's directory: the driver too runs from elsewhere."""
+    generate(str(tmp_path / "data"), total=60_000)
+    code = tmp_path / "job"
+    code.mkdir()
+    (code / "scorer.py").write_text(SCORER)
+    (code / "features.py").write_text(FEATURES)
+    (code / "threshold.txt").write_text("2.5")
+    opt_out = "" if ship else "runtime_env: {working_dir: null}\n"
+    (code / "job.yaml").write_text(LOCAL_CODE_JOB + opt_out)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_ADDRESS"}
+    command = ["run", str(code / "job.yaml"), "-q", "--address", cluster.address]
+    run = subprocess.run(
+        [sys.executable, "-m", "chute", *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=elsewhere,
+        timeout=300,
+    )
+    if not ship:  # the test can fail: without shipping, nothing finds the module
+        assert run.returncode == 2
+        assert "cannot import 'scorer' (from 'scorer:Scorer')" in run.stderr
+        return
+    assert run.returncode == 0, run.stderr
+    result = pd.read_parquet(tmp_path / "out")
+    taxi = pd.read_parquet(tmp_path / "data").set_index("trip_id")
+    assert sorted(result.trip_id) == list(range(60_000))
+    rate = taxi.fare_amount / taxi.trip_distance.clip(lower=0.1)
+    expected = (rate > 2.5).loc[result.trip_id].to_numpy()
+    assert (result.fare_high.to_numpy() == expected).all()
+    # Three one-CPU replicas on two nodes of two CPUs: the second node ran the module too.
+    assert set(result.fare_node) == {"127.0.0.2", "127.0.0.3"}

@@ -37,6 +37,7 @@ from chute.job import (
     parse_bytes,
 )
 from chute.sources import FileSource
+from chute.stages import add_code_dir
 
 Format = Literal["parquet", "csv", "jsonl"]
 Fmt = Literal["pyarrow", "pandas", "numpy"]
@@ -98,6 +99,9 @@ class JobConfig(_Strict):
     on_bad_input: Literal["fail", "skip"] = "fail"
     metrics: list[dict[str, Any]] = []
     """Each ``{type: auc_roc, label: …, score: …, by: …}``; see :mod:`chute.metrics`."""
+    runtime_env: dict[str, Any] = {}
+    """Ray's runtime environment; ``working_dir`` defaults to the job file's directory when
+    the job names code that lives there (``working_dir: null`` ships nothing)."""
 
 
 def load_job(path: str, **overrides: Any) -> Job:
@@ -155,6 +159,7 @@ def _expand_pool(model: Any) -> Any:
 
 
 def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
+    runtime_env = _runtime_env(config, base)  # first: it lets the job's own modules import
     source, output = config.input, config.output
     paths = overrides.get("input", source.path)
     paths = [paths] if isinstance(paths, str) else list(paths)
@@ -168,6 +173,42 @@ def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
         address=overrides.get("address", config.address),
         on_bad_input=config.on_bad_input,
         metrics=tuple(_metric(i, spec, base) for i, spec in enumerate(config.metrics)),
+        runtime_env=runtime_env,
+    )
+
+
+def _runtime_env(config: JobConfig, base: str) -> dict[str, Any]:
+    """The job's runtime environment: its directory ships with it when its code lives there."""
+    env = dict(config.runtime_env)
+    if "working_dir" not in env and any(_lives_in(t, base) for t in _code_targets(config)):
+        env["working_dir"] = base
+    elif isinstance(env.get("working_dir"), str) and "://" not in env["working_dir"]:
+        env["working_dir"] = _resolve(env["working_dir"], base)
+    if env.get("working_dir", "") is None:
+        del env["working_dir"]
+    if isinstance(env.get("working_dir"), str) and os.path.isdir(env["working_dir"]):
+        add_code_dir(env["working_dir"])  # the driver imports from there as the workers will
+    return env
+
+
+def _code_targets(config: JobConfig) -> list[str]:
+    """Every ``module:name`` the job imports: models, preprocess, custom metrics."""
+    targets = [str(m.fn) for m in config.models if isinstance(getattr(m, "fn", None), str)]
+    if config.preprocess is not None:
+        targets.append(config.preprocess.fn)
+    targets += [str(s["type"]) for s in config.metrics if ":" in str(s.get("type", ""))]
+    return targets
+
+
+def _lives_in(target: str, base: str) -> bool:
+    """Whether ``target`` names a file or module inside ``base`` (not an installed package)."""
+    module = target.rpartition(":")[0]
+    if module.endswith(".py"):
+        path = _resolve(module, base)
+        return os.path.commonpath([path, base]) == base
+    top = module.split(".")[0]
+    return os.path.exists(os.path.join(base, f"{top}.py")) or os.path.exists(
+        os.path.join(base, top, "__init__.py")
     )
 
 
