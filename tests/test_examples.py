@@ -68,7 +68,7 @@ def load_example(name: str) -> ModuleType:
 
 def test_every_example_has_a_readme_and_a_runnable_entry() -> None:
     examples = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith("_"))
-    assert [p.name for p in examples] == ["big_payload", "minilm", "taxi", "torch_mlp"]
+    assert [p.name for p in examples] == ["big_payload", "cluster", "minilm", "taxi", "torch_mlp"]
     for example in examples:
         assert (example / "README.md").is_file(), example
         assert (example / "run.py").is_file() or (example / "job.yaml").is_file(), example
@@ -118,6 +118,32 @@ def test_taxi_job_file(engine: str, tmp_path: Path, start_engine: Any) -> None:
     expected = (source["passenger_count"] >= 2).sum()
     assert result["tip_score"].sum() == expected
     assert (out / "_SUCCESS").exists()
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@pytest.mark.timeout(120)
+def test_cluster_example_runs_from_another_directory(tmp_path: Path) -> None:
+    """Its model is a module of the example's directory, imported by name from anywhere."""
+    data, out = tmp_path / "taxi", tmp_path / "fares"
+    generate(str(data), TAXI_ROWS)
+    command = [sys.executable, "-m", "chute", "run", str(EXAMPLES / "cluster" / "job.yaml")]
+    command += ["--input", str(data), "--output", str(out), "--engine", "local", "-q"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=100)
+    assert done.returncode == 0, done.stderr
+    result = pd.read_parquet(out).sort_values("trip_id")
+    rate = result.fare_amount / result.trip_distance.clip(lower=0.1)
+    assert len(result) == TAXI_ROWS
+    assert (result.fare_high == (rate > 2.5)).all()
+    assert result.fare_per_mile.to_numpy() == pytest.approx(rate.to_numpy(), rel=1e-6)
+
+
+def test_cluster_example_ships_its_directory_but_not_its_data() -> None:
+    job = _load_job(EXAMPLES / "cluster" / "job.yaml")
+    assert job.runtime_env == {"working_dir": str(EXAMPLES / "cluster")}
+    taxi = _load_job(EXAMPLES / "taxi" / "job.yaml")  # an installed model: nothing to ship
+    assert taxi.runtime_env == {}
 
 
 # --------------------------------------------------------------------------- big payload
