@@ -1,43 +1,70 @@
 """The ledger: what an output location holds, kept in ``<output>/_chute/``.
 
 * ``job.json`` — the fingerprint and description of the job that owns the location;
-* ``ledger.jsonl`` — one line per committed unit: its id, rows and part files. A unit is
-  committed when its parts account for all of its rows; a line is appended (and flushed)
-  only after those parts were renamed into place, so a crash at any moment leaves a
-  ledger that names only complete units. A torn last line is ignored;
-* ``report.json`` at the end, and the success marker ``<output>/_SUCCESS``.
+* the committed units, one JSON line each (id, rows, part files with their rows and
+  bytes). A unit is committed when its parts account for all of its rows, and its line is
+  written only after those parts are in place, so a crash at any moment leaves a ledger
+  that names only complete units. Two layouts, one meaning:
+
+  - on a local filesystem, ``ledger.jsonl``, appended to (a torn last line is ignored);
+  - on an object store, which has neither append nor rename, one object per commit batch,
+    ``ledger/<seq>-<uuid>.jsonl``, each written whole in one PUT. The driver batches the
+    units that complete close together (see :attr:`Ledger.batch_seconds`) so that a job
+    of many units writes a few objects a second at most; a unit counts as committed only
+    once its object exists. Resuming lists ``ledger/`` (one request per 1,000 objects)
+    and merges what it finds. Both layouts are read everywhere, so either resumes.
+* ``report.json`` (and ``report.html``) at the end and after an interruption;
+* ``manifest.json`` — written at the end, just before the success marker
+  ``<output>/_SUCCESS``: every part file that belongs to the result, with its rows and
+  bytes, and the errors parts. **Downstream readers trust the manifest** (or, once
+  ``_SUCCESS`` exists on a local filesystem, every ``part-*`` file: orphans are removed
+  before it is written). On an object store, list the manifest's files rather than the
+  prefix: a listing can show parts of a run that is still going or was killed.
 
 Everything chute keeps starts with ``_`` so that Arrow, pandas and Spark readers of the
 output directory skip it.
-
-A downstream reader trusts exactly the part files named in the ledger (or, once
-``_SUCCESS`` exists, every ``part-*`` file: orphans are removed before it is written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import uuid
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from chute.errors import JobStateError
+from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
+from chute.storage import StorageOptions, check, is_local, put, read
 
 META_DIR = "_chute"
 SUCCESS = "_SUCCESS"
+LEDGER_FILE = "ledger.jsonl"
+LEDGER_DIR = "ledger"
+MANIFEST = "manifest.json"
+OBJECT_BATCH_SECONDS = 1.0
+"""On object stores, units that complete within this long of the last ledger write are
+written together in the next one."""
 
 
 class Ledger:
     """Committed units of one output location."""
 
-    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
+    def __init__(self, fs: pafs.FileSystem, root: str, objects: bool | None = None) -> None:
         self.fs = fs
         self.root = root
         self.meta = f"{root}/{META_DIR}"
         self._entries: dict[str, dict[str, Any]] = {}
+        self.objects = not is_local(fs) if objects is None else objects
+        """One object per commit batch (object stores) rather than appended lines."""
+        self.batch_seconds = OBJECT_BATCH_SECONDS if self.objects else 0.0
+        """How long the driver may hold completed units before writing them (0: at once)."""
+        self._seq = 0
 
     @classmethod
     def open(
@@ -47,13 +74,17 @@ class Ledger:
         description: dict[str, Any],
         overwrite: bool,
         units_total: int | None = None,
+        storage: StorageOptions | None = None,
+        objects: bool | None = None,
     ) -> Ledger:
         """Open (or create) the ledger, refusing a location that holds another job."""
-        fs, root = output_filesystem(path)
-        ledger = cls(fs, root)
+        check(path, storage, "output")  # a missing bucket, refused credentials: fail now
+        fs, root = output_filesystem(path, storage)
+        ledger = cls(fs, root, objects)
         ledger._claim(fingerprint, description, overwrite, units_total)
         ledger._entries = ledger.read_entries()
-        ledger._mend_last_line()
+        if not ledger.objects:
+            ledger._mend_last_line()
         return ledger
 
     def _mend_last_line(self) -> None:
@@ -64,11 +95,8 @@ class Ledger:
         unit's line and lose that commit too. A last line that is whole but lacks only its
         newline was read as committed: keep it.
         """
-        path = f"{self.meta}/ledger.jsonl"
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
-            return
-        with self.fs.open_input_stream(path) as f:
-            data = f.read()
+        path = f"{self.meta}/{LEDGER_FILE}"
+        data = read(self.fs, path)
         if not data or data.endswith(b"\n"):
             return
         cut = data.rfind(b"\n") + 1
@@ -77,10 +105,7 @@ class Ledger:
             mended = data + b"\n"
         except json.JSONDecodeError:
             mended = data[:cut]
-        tmp = f"{self.meta}/.ledger.jsonl.tmp"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(mended)
-        self.fs.move(tmp, path)
+        put(self.fs, path, mended)
 
     def _claim(
         self,
@@ -111,7 +136,8 @@ class Ledger:
                 )
             elif owner is not None:
                 return
-        self.fs.create_dir(self.meta, recursive=True)
+        if is_local(self.fs):  # object stores have no directories to make
+            self.fs.create_dir(self.meta, recursive=True)
         self._write_json(
             "job.json",
             {
@@ -127,32 +153,43 @@ class Ledger:
         return any(i.base_name not in (META_DIR, SUCCESS) for i in infos)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
-        path = f"{self.meta}/{name}"
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
-            return None
-        with self.fs.open_input_stream(path) as f:
-            return json.loads(f.read())  # type: ignore[no-any-return]
+        data = retrying(lambda: read(self.fs, f"{self.meta}/{name}"), f"reading {name}")
+        return None if data is None else json.loads(data)
 
     def _write_json(self, name: str, value: Any) -> None:
-        tmp, final = f"{self.meta}/.{name}.tmp", f"{self.meta}/{name}"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(json.dumps(value, indent=2, default=str).encode())
-        self.fs.move(tmp, final)
+        self._put(name, json.dumps(value, indent=2, default=str).encode())
+
+    def _put(self, name: str, data: bytes) -> None:
+        retrying(lambda: put(self.fs, f"{self.meta}/{name}", data), f"writing {name}")
 
     def read_entries(self) -> dict[str, dict[str, Any]]:
-        path = f"{self.meta}/ledger.jsonl"
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
-            return {}
-        with self.fs.open_input_stream(path) as f:
-            text = f.read().decode()
+        """Every committed unit, from both layouts (appended lines, objects per batch)."""
         entries: dict[str, dict[str, Any]] = {}
-        for line in text.splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a crash: that unit was not committed
-            entries[entry["unit"]] = entry
+        for blob in [self._read_file(), *self._read_objects()]:
+            for line in blob.decode().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line from a crash: that unit was not committed
+                entries[entry["unit"]] = entry
         return entries
+
+    def _read_file(self) -> bytes:
+        path = f"{self.meta}/{LEDGER_FILE}"
+        return retrying(lambda: read(self.fs, path), f"reading {LEDGER_FILE}") or b""
+
+    def _read_objects(self) -> list[bytes]:
+        """The ledger objects in commit order (one paginated listing, then each object)."""
+        selector = pafs.FileSelector(f"{self.meta}/{LEDGER_DIR}", allow_not_found=True)
+        infos = retrying(lambda: self.fs.get_file_info(selector), "listing the ledger")
+        names = sorted(i.base_name for i in infos if i.is_file and i.base_name.endswith(".jsonl"))
+        if names:
+            self._seq = max(self._seq, int(names[-1].split("-", 1)[0]) + 1)
+        return [self._read_object(name) for name in names]
+
+    def _read_object(self, name: str) -> bytes:
+        path = f"{self.meta}/{LEDGER_DIR}/{name}"
+        return retrying(lambda: read(self.fs, path), f"reading ledger {name}") or b""
 
     @property
     def entries(self) -> dict[str, dict[str, Any]]:
@@ -165,8 +202,15 @@ class Ledger:
         if not batch:
             return
         blob = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in batch).encode()
-        with self.fs.open_append_stream(f"{self.meta}/ledger.jsonl") as f:
-            f.write(blob)
+        if self.objects:
+            if is_local(self.fs):
+                self.fs.create_dir(f"{self.meta}/{LEDGER_DIR}", recursive=True)
+            name = f"{LEDGER_DIR}/{self._seq:08d}-{uuid.uuid4().hex[:8]}.jsonl"
+            self._put(name, blob)  # whole or not at all; a retry rewrites the same object
+            self._seq += 1
+        else:
+            with self.fs.open_append_stream(f"{self.meta}/{LEDGER_FILE}") as f:
+                f.write(blob)
         for entry in batch:
             self._entries[entry["unit"]] = entry
 
@@ -176,24 +220,27 @@ class Ledger:
     def remove_orphans(self) -> int:
         """Delete part files (and temporaries) that no committed unit names."""
         keep = {f"{self.root}/{p}" for p in self.committed_parts()}
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root))
-        errors = f"{self.root}/{ERRORS_DIR}"
-        if self.fs.get_file_info(errors).type == pafs.FileType.Directory:
-            infos += self.fs.get_file_info(pafs.FileSelector(errors))
+        infos = self._list(self.root) + self._list(f"{self.root}/{ERRORS_DIR}")
         orphans = [
             i.path
             for i in infos
             if i.is_file and i.base_name.startswith(("part-", ".part-")) and i.path not in keep
         ]
         for path in orphans:
-            self.fs.delete_file(path)
+            retrying(partial(self._delete, path), f"removing {path}")
         return len(orphans)
+
+    def _list(self, path: str) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(path, allow_not_found=True)
+        return retrying(lambda: self.fs.get_file_info(selector), f"listing {path}")
+
+    def _delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):  # gone already (a retried delete)
+            self.fs.delete_file(path)
 
     def unfinish(self) -> None:
         """Remove the success marker: the location is being written again."""
-        path = f"{self.root}/{SUCCESS}"
-        if self.fs.get_file_info(path).type == pafs.FileType.File:
-            self.fs.delete_file(path)
+        retrying(lambda: self._delete(f"{self.root}/{SUCCESS}"), f"removing {SUCCESS}")
 
     def save_report(self, report: dict[str, Any], html: bool = True) -> None:
         """Write ``report.json`` and, with ``html``, the self-contained ``report.html``."""
@@ -201,17 +248,37 @@ class Ledger:
         if html:
             from chute.htmlreport import render
 
-            with self.fs.open_output_stream(f"{self.meta}/report.html") as f:
-                f.write(render(report).encode())
+            self._put("report.html", render(report).encode())
 
     def finish(self, report: dict[str, Any], html: bool = True) -> None:
-        """Write the report and the success marker."""
+        """Write the report, the manifest and then the success marker."""
         self.save_report(report, html)
-        with self.fs.open_output_stream(f"{self.root}/{SUCCESS}") as f:
-            f.write(b"")
+        self._write_json(MANIFEST, self.manifest(report.get("fingerprint")))
+        retrying(lambda: put(self.fs, f"{self.root}/{SUCCESS}", b""), f"writing {SUCCESS}")
+
+    def manifest(self, fingerprint: Any = None) -> dict[str, Any]:
+        """Every file of the result, in unit order: what a downstream reader trusts."""
+        entries = sorted(self._entries.values(), key=lambda e: (e.get("index", 0), e["unit"]))
+        files = [f for e in entries for f in _files(e)]
+        data = [f for f in files if not f["path"].startswith(f"{ERRORS_DIR}/")]
+        return {
+            "fingerprint": fingerprint,
+            "units": len(entries),
+            "rows": sum(f["rows"] or 0 for f in data),
+            "bytes": sum(f["bytes"] or 0 for f in data),
+            "files": data,
+            "errors": [f for f in files if f["path"].startswith(f"{ERRORS_DIR}/")],
+        }
 
     def report(self) -> dict[str, Any] | None:
         return self.read_json("report.json")
+
+
+def _files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files of a ledger entry with rows and bytes (``None`` in an old ledger's)."""
+    if "files" in entry:
+        return [{"path": p, "rows": r, "bytes": b} for p, r, b in entry["files"]]
+    return [{"path": p, "rows": None, "bytes": None} for p in entry["parts"]]
 
 
 def _changes(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -36,15 +36,25 @@ TRANSIENT_ERRNOS = {
 }
 TRANSIENT_TEXT = re.compile(
     r"time ?out|timed out|connection|temporar|throttl|slow[ _]?down|unavailable|try again|"
-    r"broken pipe|reset by peer|\b(429|500|502|503|504)\b",
+    r"broken pipe|reset by peer|\b(429|500|502|503|504)\b|"
+    # object stores (the AWS SDK's names): 5xx, throttling, a dropped or empty response
+    r"INTERNAL_FAILURE|InternalError|SERVICE_UNAVAILABLE|REQUEST_TIMEOUT|NETWORK_CONNECTION|"
+    r"curlCode|empty reply|TooManyRequests|RequestLimitExceeded",
     re.IGNORECASE,
 )
+PERMANENT_TEXT = re.compile(
+    r"NO_SUCH_BUCKET|NoSuchBucket|NO_SUCH_KEY|ACCESS_DENIED|AccessDenied|INVALID_ACCESS_KEY_ID|"
+    r"InvalidAccessKeyId|SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|"
+    r"HTTP (?:response code|status):? 40[0134]\b",
+    re.IGNORECASE,
+)
+"""Storage errors that retrying cannot fix (checked before the transient patterns)."""
 
 
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away on its own: a flaky filesystem, a dropped connection,
     throttling. Arrow reports corrupt data as OSError too: that is not transient."""
-    if isinstance(exc, PERMANENT):
+    if isinstance(exc, PERMANENT) or PERMANENT_TEXT.search(str(exc)):
         return False
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True

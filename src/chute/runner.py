@@ -26,6 +26,7 @@ from chute.report import ProgressBar, Report, StageStats
 from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
 from chute.stages import KEY
+from chute.storage import redact
 
 log = logging.getLogger("chute")
 
@@ -55,6 +56,9 @@ class Committer:
         """The job's merged metric states (committed units only): size independent of rows."""
         self._unit_states: dict[int, dict[str, State]] = defaultdict(dict)
         self._tables: list[tuple[int, int, pa.Table]] = []
+        self._pending: list[dict[str, Any]] = []
+        """Completed units not yet in the ledger (object stores write them in batches)."""
+        self._flushed = time.monotonic()
 
     def add(self, records: Sequence[PartRecord]) -> None:
         """Take records from the writers; commit the units they complete."""
@@ -96,10 +100,18 @@ class Committer:
             return
         entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
         self.timeline.append((round(time.perf_counter() - self._started, 3), self.rows_in))
-        if self.ledger is not None:
-            self.ledger.commit(entries)
+        self._pending.extend(entries)
+        if self.ledger is None or time.monotonic() - self._flushed >= self.ledger.batch_seconds:
+            self.flush()
         if self.bar is not None:
             self.bar.describe(f"units {len(self.done)}/{len(self.units)}")
+
+    def flush(self) -> None:
+        """Write the completed units to the ledger: only now are they committed."""
+        pending, self._pending = self._pending, []
+        if self.ledger is not None and pending:
+            self.ledger.commit(pending)
+        self._flushed = time.monotonic()
 
     def _entry(self, index: int, parts: list[PartRecord]) -> dict[str, Any]:
         """Count a complete unit and describe it for the ledger."""
@@ -117,6 +129,15 @@ class Committer:
             "rows": rows,
             "errors": failed,
             "parts": [f for p in parts for f in (p.path, p.errors_path) if f],
+            "files": [
+                [path, rows, size]
+                for p in parts
+                for path, rows, size in (
+                    (p.path, p.end - p.start - p.error_rows, p.nbytes),
+                    (p.errors_path, p.error_rows, p.errors_nbytes),
+                )
+                if path
+            ],
         }
         states = self._unit_states.pop(index, {})
         if states:
@@ -163,7 +184,12 @@ def run_job(
     ledger = None
     if job.output is not None:
         ledger = Ledger.open(
-            job.output.path, job.fingerprint(), job.describe(), overwrite, len(plan.units)
+            job.output.path,
+            job.fingerprint(),
+            job.describe(),
+            overwrite,
+            len(plan.units),
+            storage=job.output.storage,
         )
         done = ledger.entries
         plan.pending = [u for u in plan.units if u.id not in done]
@@ -176,6 +202,7 @@ def run_job(
     try:
         with bar:
             stages = engine.execute(plan, committer.add) if plan.pending else {}
+        committer.flush()
     except ModelError as exc:
         _save_partial(ledger, plan, committer, started)
         raise _located(exc, plan) from exc
@@ -203,6 +230,10 @@ def _save_partial(ledger: Ledger | None, plan: Plan, committer: Committer, start
     """Report what the interrupted run committed (``chute report`` shows it again)."""
     if ledger is None:
         return
+    try:
+        committer.flush()  # the parts of these units are in place: keep them
+    except Exception:
+        log.warning("could not write the last ledger batch", exc_info=True)
     report = _report(plan, committer, {}, time.perf_counter() - started)
     report.complete = False
     try:
@@ -245,7 +276,7 @@ def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wal
         fingerprint=plan.job.fingerprint(),
         engine=plan.engine,
         engine_reason=plan.engine_reason,
-        output=plan.job.output.path if plan.job.output else None,
+        output=redact(plan.job.output.path) if plan.job.output else None,
         units_total=len(plan.units),
         units_done=len(committer.done),
         units_skipped=len(skipped),

@@ -1,4 +1,5 @@
-"""Writers: each part is written under a temporary name and renamed into place; the writer
+"""Writers: each part is written whole under a unique name (locally under a temporary name
+and renamed into place; on an object store in one upload, which is atomic); the writer
 returns one small record per part, never the rows (unless the result is wanted in memory).
 """
 
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from chute.plan import Output
 from chute.retry import retrying
 from chute.stages import ERROR_COLUMNS, ERROR_MESSAGE, ERROR_MODEL, KEY, SKIPPED, decode
+from chute.storage import StorageOptions, is_local, put, resolve
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
@@ -54,6 +55,8 @@ class PartRecord:
     """Why the unit could not be read, for a skipped unit (on_bad_input: skip)."""
     metrics: bytes = b""
     """Metric states of the part's rows (the rows written, not the failed ones)."""
+    errors_nbytes: int = 0
+    """Bytes of the errors part."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -70,6 +73,7 @@ RECORD_SCHEMA = pa.schema(
         ("error_rows", pa.int64()),
         ("skipped", pa.string()),
         ("metrics", pa.binary()),
+        ("errors_nbytes", pa.int64()),
     ]
 )
 
@@ -108,7 +112,7 @@ class PartWriter:
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
             assert self.sink is not None
-            self._fs, self._root = output_filesystem(self.sink.path)
+            self._fs, self._root = output_filesystem(self.sink.path, self.sink.storage)
         return self._fs, self._root
 
     def write(self, table: pa.Table) -> list[PartRecord]:
@@ -155,7 +159,9 @@ class PartWriter:
         path, size = (
             self._put(part.drop_columns([KEY]), unit, start, "") if part.num_rows else ("", 0)
         )
-        bad, _ = self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ("", 0)
+        bad, bad_size = (
+            self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ("", 0)
+        )
         seconds = time.perf_counter() - began
         return PartRecord(
             unit,
@@ -167,26 +173,19 @@ class PartWriter:
             seconds,
             errors_path=bad,
             error_rows=error_rows,
+            errors_nbytes=bad_size,
         )
 
     def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> tuple[str, int]:
-        """Write ``table`` under a temporary name, rename it into place; its path and size."""
+        """Write ``table`` whole under a unique name; its path and size."""
         assert self.sink is not None
         name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[self.sink.format]}"
         relative = f"{folder}/{name}" if folder else name
         fs, root = self._filesystem()
-        if folder:
+        if folder and is_local(fs):  # object stores have no directories to make
             fs.create_dir(f"{root}/{folder}", recursive=True)
-        directory, _, base = f"{root}/{relative}".rpartition("/")
-        tmp = f"{directory}/.{base}.tmp"
         payload = encode(table, self.sink.format)
-
-        def put() -> None:
-            with fs.open_output_stream(tmp) as out:
-                out.write(payload)
-            fs.move(tmp, f"{root}/{relative}")
-
-        retrying(put, f"writing {relative}")
+        retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
         return relative, len(payload)
 
 
@@ -240,12 +239,11 @@ def read_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def output_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+def output_filesystem(
+    path: str, storage: StorageOptions | None = None
+) -> tuple[pafs.FileSystem, str]:
     """The filesystem and root path of an output location (local or a URI)."""
-    if "://" in path:
-        fs, root = pafs.FileSystem.from_uri(path)
-        return fs, root.rstrip("/")
-    return pafs.LocalFileSystem(), os.path.abspath(path).rstrip("/")
+    return resolve(path, storage)
 
 
 def record_dict(record: PartRecord) -> dict[str, object]:

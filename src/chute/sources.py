@@ -22,8 +22,17 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import DataError, missing_columns_error
+from chute.errors import ChuteError, DataError, missing_columns_error
 from chute.retry import retrying
+from chute.storage import (
+    StorageOptions,
+    check,
+    open_input_file,
+    permanent,
+    redact,
+    resolve,
+    storage_error,
+)
 
 FORMATS = {
     ".parquet": "parquet",
@@ -86,12 +95,8 @@ def iter_slices(table: pa.Table, rows: int = READ_BATCH_ROWS) -> Iterator[pa.Tab
         yield table.slice(start, rows)
 
 
-def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
-    try:
-        fs, root = pafs.FileSystem.from_uri(path)
-        return fs, str(root)
-    except (pa.ArrowInvalid, ValueError):
-        return pafs.LocalFileSystem(), os.path.abspath(path)
+def _filesystem(path: str, storage: StorageOptions | None = None) -> tuple[pafs.FileSystem, str]:
+    return resolve(path, storage)
 
 
 def _has_glob(path: str) -> bool:
@@ -99,16 +104,29 @@ def _has_glob(path: str) -> bool:
 
 
 def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInfo]:
+    """The files of a path, directory or glob: one recursive listing (paginated on an
+    object store: one request per 1,000 objects), never a request per file."""
+    try:
+        return retrying(lambda: _listing(fs, path, original), f"listing {redact(original)}")
+    except ChuteError:
+        raise
+    except OSError as exc:
+        if permanent(exc):
+            raise storage_error(exc, original, "input") from exc
+        raise DataError(f"cannot list the input {redact(original)!r}: {exc}") from exc
+
+
+def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInfo]:
     if _has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
         files = [i for i in infos if i.is_file and fnmatch.fnmatch(i.path, path)]
         if not files:
-            raise DataError(f"the glob {original!r} matches no files. Check the pattern.")
+            raise DataError(f"the glob {redact(original)!r} matches no files. Check the pattern.")
         return sorted(files, key=lambda i: i.path)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
-        raise DataError(f"input path {original!r} does not exist. Check the path.")
+        raise DataError(f"input path {redact(original)!r} does not exist. Check the path.")
     if info.type == pafs.FileType.File:
         return [info]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
@@ -132,11 +150,18 @@ class FileSource:
     >>> FileSource("data/*.parquet").plan()  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | Sequence[str], format: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Sequence[str],
+        format: str | None = None,
+        storage: StorageOptions | None = None,
+    ) -> None:
         self.paths = [path] if isinstance(path, str) else list(path)
         if not self.paths:
             raise DataError("no input path given: name a file, a directory or a glob.")
         self.format = format
+        self.storage = (storage or StorageOptions()).with_env()
+        """How to reach remote storage; carried to workers, which rebuild the filesystem."""
         self._files: list[str] | None = None
         self._stamps: dict[str, tuple[int | None, int | None]] = {}
         self._fs: pafs.FileSystem | None = None
@@ -147,6 +172,7 @@ class FileSource:
             "format": self.format,
             "_files": self._files,
             "_stamps": getattr(self, "_stamps", {}),
+            "storage": self.storage,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -156,7 +182,7 @@ class FileSource:
     @property
     def filesystem(self) -> pafs.FileSystem:
         if self._fs is None:
-            self._fs = _filesystem(self.paths[0])[0]
+            self._fs = _filesystem(self.paths[0], self.storage)[0]
         return self._fs
 
     def files(self) -> list[str]:
@@ -164,11 +190,13 @@ class FileSource:
         if self._files is None:
             found: list[pafs.FileInfo] = []
             for original in self.paths:
-                fs, path = _filesystem(original)
+                check(original, self.storage)  # a missing bucket, refused credentials
+                fs, path = _filesystem(original, self.storage)
                 self._fs = fs
                 found.extend(_list_files(fs, path, original))
             if not found:
-                raise DataError(f"no input files under {', '.join(self.paths)}: nothing to do.")
+                where = ", ".join(redact(p) for p in self.paths)
+                raise DataError(f"no input files under {where}: nothing to do.")
             self._stamps = {i.path: (i.size, i.mtime_ns) for i in found}
             self._files = [i.path for i in found]
             self.format = self.format or self._infer_format(self._files)
@@ -179,12 +207,14 @@ class FileSource:
         if len(formats) == 1 and None not in formats:
             return str(formats.pop())
         raise DataError(
-            f"cannot tell the input format of {self.paths[0]!r} from its file names "
+            f"cannot tell the input format of {redact(self.paths[0])!r} from its file names "
             f"({files[0]}). Set the format: parquet, csv or jsonl."
         )
 
     def _open(self, path: str) -> Any:
-        return self.filesystem.open_input_file(path)
+        """Open a file; with its size known from the listing, no HEAD request per file."""
+        size = getattr(self, "_stamps", {}).get(path, (None, None))[0]
+        return open_input_file(self.filesystem, path, size)
 
     def schema(self) -> pa.Schema:
         first = self.files()[0]

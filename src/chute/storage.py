@@ -1,0 +1,329 @@
+"""Storage: one place that turns a path or URI into a pyarrow filesystem and a path on it.
+
+* a plain path or ``file://`` URI → the local filesystem;
+* ``s3://bucket/key`` (also ``s3a://``) → pyarrow's native S3 client. Credentials come from
+  the standard AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
+  ``AWS_SESSION_TOKEN``, ``~/.aws/credentials`` and ``~/.aws/config``, instance roles);
+  ``s3://anonymous@bucket/key`` (or ``StorageOptions(anonymous=True)``) reads public
+  buckets unsigned; ``s3://KEY:SECRET@bucket/key`` works but is redacted wherever chute
+  prints or stores a path. An S3-compatible store is reached through ``endpoint_url``
+  (or the ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` environment variables);
+* any other scheme (``gs://``, ``abfs://``, ``memory://``, …) through fsspec, wrapped in
+  ``pyarrow.fs.PyFileSystem``; a missing package says which one to ``pip install``.
+
+:class:`StorageOptions` travel with sources and sinks to Ray workers, which rebuild the
+filesystem there. They hold no credentials, so they are safe to pickle, log and store;
+fsspec options (``options=``) are passed on but never shown or stored.
+
+Object stores have no atomic rename and no append, so writers there write each file once
+under a unique final name (an S3 PUT is atomic: an object appears whole or not at all);
+:func:`put` picks the right way for the filesystem at hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from chute.errors import ConfigError
+
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+S3_SCHEMES = ("s3", "s3a")
+DEFAULT_RETRIES = 6
+"""Attempts per S3 request (the AWS SDK's standard strategy: throttling, 5xx, dropped
+connections, with exponential backoff and jitter). chute's own bounded retries wrap it."""
+
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]+):[^/@\s]*@")
+_SECRET_KEYS = re.compile(r"key|secret|token|password|credential|sas", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach remote storage. Credentials are not options: they come from the
+    standard chain of each store (for S3: environment, config files, instance roles).
+
+    >>> StorageOptions(endpoint_url="http://127.0.0.1:9000", region="us-east-1")  # doctest: +SKIP
+    """
+
+    endpoint_url: str | None = None
+    """An S3-compatible endpoint (MinIO, Ceph, moto), e.g. ``http://127.0.0.1:9000``.
+    Defaults to ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``."""
+    region: str | None = None
+    """The bucket's region; found from ``AWS_REGION``/the config/the bucket when unset."""
+    anonymous: bool = False
+    """Unsigned requests: public buckets, no credentials looked up."""
+    retries: int = DEFAULT_RETRIES
+    """Attempts per request inside the S3 client (throttling, 5xx, dropped connections)."""
+    connect_timeout: float | None = None
+    request_timeout: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Passed to the fsspec filesystem of other schemes; never printed or stored."""
+
+    def __post_init__(self) -> None:
+        if self.retries < 1:
+            raise ConfigError(f"storage retries must be >= 1, got {self.retries}.")
+        if self.endpoint_url is not None and "://" not in self.endpoint_url:
+            raise ConfigError(
+                f"storage endpoint_url {self.endpoint_url!r} needs a scheme: write it like "
+                "'http://host:9000' or 'https://host'."
+            )
+
+    def with_env(self) -> StorageOptions:
+        """These options with the endpoint filled in from the environment (done on the
+        driver, so that workers on other machines reach the same endpoint)."""
+        if self.endpoint_url is not None:
+            return self
+        endpoint = next((os.environ[name] for name in ENDPOINT_ENV if os.environ.get(name)), None)
+        return replace(self, endpoint_url=endpoint) if endpoint else self
+
+    def describe(self) -> dict[str, Any]:
+        """What may be shown and stored: no credentials, no fsspec options' values."""
+        shown: dict[str, Any] = {
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "anonymous": self.anonymous,
+        }
+        if self.options:
+            shown["options"] = sorted(self.options)
+        return {k: v for k, v in shown.items() if v}
+
+
+def scheme_of(path: str) -> str:
+    """``"s3"`` for ``s3://b/k``, ``""`` for a local path (Windows drives included)."""
+    head, sep, _ = path.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]+", head):
+        return ""
+    return head.lower()
+
+
+def is_remote(path: str) -> bool:
+    return scheme_of(path) not in ("", "file", "local")
+
+
+def redact(text: str) -> str:
+    """``text`` with the secret of any ``scheme://key:secret@`` URI in it hidden.
+
+    >>> redact("s3://AKIA123:abc/def@bucket/x")
+    's3://AKIA123:***@bucket/x'
+    """
+    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+
+
+_CACHE: dict[tuple[Any, ...], pafs.FileSystem] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def resolve(path: str, storage: StorageOptions | None = None) -> tuple[pafs.FileSystem, str]:
+    """The filesystem of ``path`` and the path on it (no trailing slash).
+
+    Filesystems are built once per process and options (a client holds a connection pool).
+    """
+    storage = (storage or StorageOptions()).with_env()
+    scheme = scheme_of(path)
+    if scheme in ("", "file", "local"):
+        local = path.split("://", 1)[1] if scheme else path
+        return pafs.LocalFileSystem(), _strip(os.path.abspath(os.path.expanduser(local)))
+    if scheme in S3_SCHEMES:
+        return _s3(path, storage)
+    return _fsspec(path, storage)
+
+
+def _strip(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def _s3(uri: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
+    parts = urllib.parse.urlsplit(uri)
+    bucket = parts.hostname or ""
+    if not bucket:
+        raise ConfigError(f"{redact(uri)!r} names no bucket: write it like 's3://bucket/prefix'.")
+    netloc = parts.netloc.rsplit("@", 1)[-1]  # keeps the bucket's case, drops credentials
+    key = urllib.parse.unquote(parts.path).strip("/")
+    user = urllib.parse.unquote(parts.username or "")
+    secret = urllib.parse.unquote(parts.password or "")
+    anonymous = storage.anonymous or (user == "anonymous" and not secret)
+    credentials = (user, secret) if secret else ("", "")
+    cache_key = ("s3", bucket, credentials, anonymous, storage.endpoint_url, storage.region,
+                 storage.retries, storage.connect_timeout, storage.request_timeout)  # fmt: skip
+    with _CACHE_LOCK:
+        fs = _CACHE.get(cache_key)
+        if fs is None:
+            fs = _CACHE[cache_key] = _s3_filesystem(bucket, credentials, anonymous, storage)
+    return fs, _strip(f"{netloc}/{key}" if key else netloc)
+
+
+def _s3_filesystem(
+    bucket: str, credentials: tuple[str, str], anonymous: bool, storage: StorageOptions
+) -> pafs.S3FileSystem:
+    kwargs: dict[str, Any] = {
+        "anonymous": anonymous,
+        "region": storage.region or _region(bucket, storage),
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=storage.retries),
+        # small files go up in one PutObject (atomic, one request) instead of a multipart upload
+        "allow_delayed_open": True,
+    }
+    if credentials[1]:
+        kwargs["access_key"], kwargs["secret_key"] = credentials
+    if storage.endpoint_url:
+        endpoint = urllib.parse.urlsplit(storage.endpoint_url)
+        kwargs["endpoint_override"] = endpoint.netloc + endpoint.path.rstrip("/")
+        kwargs["scheme"] = endpoint.scheme
+    if storage.connect_timeout:
+        kwargs["connect_timeout"] = storage.connect_timeout
+    if storage.request_timeout:
+        kwargs["request_timeout"] = storage.request_timeout
+    return pafs.S3FileSystem(**kwargs)
+
+
+def _region(bucket: str, storage: StorageOptions) -> str | None:
+    """The region from the environment, else asked of AWS (one request), else the SDK's."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(name):
+            return os.environ[name]
+    if storage.endpoint_url:
+        return "us-east-1"  # S3-compatible stores ignore it, but the signature needs one
+    try:
+        return str(pafs.resolve_s3_region(bucket))
+    except (OSError, ValueError):
+        return None  # let the SDK's own chain (config files) decide
+
+
+def _fsspec(path: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
+    scheme = scheme_of(path)
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - fsspec is a dependency
+        raise ConfigError(f"{scheme}:// paths need fsspec: pip install fsspec") from exc
+    try:
+        fs, inner = fsspec.core.url_to_fs(path, **dict(storage.options))
+    except ImportError as exc:
+        raise ConfigError(
+            f"{scheme}:// paths need a package that is not installed: {exc} "
+            f"(for example: pip install {_FSSPEC_PACKAGES.get(scheme, f'<the {scheme} package>')})"
+        ) from exc
+    except ValueError as exc:
+        raise ConfigError(f"cannot open {redact(path)!r}: {exc}") from exc
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), _strip(str(inner)) or "/"
+
+
+_FSSPEC_PACKAGES = {
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "abfs": "adlfs",
+    "az": "adlfs",
+    "hf": "huggingface_hub",
+    "http": "aiohttp",
+    "https": "aiohttp",
+}
+
+
+def is_local(fs: pafs.FileSystem) -> bool:
+    """A filesystem with atomic rename and append (the local one)."""
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
+def put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the whole file or none of it.
+
+    Locally: under a temporary name, then renamed into place. On an object store: one
+    upload under the final name (an S3 PUT is atomic); no rename exists there.
+    """
+    if not is_local(fs):
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+        return
+    directory, _, base = path.rpartition("/")
+    tmp = f"{directory}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
+    with fs.open_output_stream(tmp) as out:
+        out.write(data)
+    fs.move(tmp, path)
+
+
+def read(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """The bytes of ``path``, or ``None`` where it does not exist."""
+    try:
+        with fs.open_input_stream(path) as f:
+            return bytes(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def open_input_file(fs: pafs.FileSystem, path: str, size: int | None = None) -> Any:
+    """Open ``path`` for random access. With its size known (from a listing), an object
+    store is not asked for it again: no HEAD request per file, only the ranged GETs."""
+    if size is None or is_local(fs):
+        return fs.open_input_file(path)
+    import pyarrow.dataset as ds
+
+    return ds.ParquetFileFormat().make_fragment(path, fs, file_size=size).open()
+
+
+def bucket_of(fs: pafs.FileSystem, path: str) -> str | None:
+    """The bucket of an S3 path (``None`` elsewhere)."""
+    return path.split("/", 1)[0] if isinstance(fs, pafs.S3FileSystem) else None
+
+
+PERMANENT_S3 = re.compile(
+    r"NO_SUCH_BUCKET|NoSuchBucket|ACCESS_DENIED|AccessDenied|INVALID_ACCESS_KEY_ID|"
+    r"InvalidAccessKeyId|SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|"
+    r"HTTP response code:? 40[134]|HTTP status 40[134]|\b40[13] (?:Forbidden|Unauthorized)",
+    re.IGNORECASE,
+)
+
+
+def check(path: str, storage: StorageOptions | None = None, what: str = "input") -> None:
+    """Fail at once, naming the bucket and the fix, when ``path``'s bucket is missing or
+    refuses these credentials (a no-op for local paths)."""
+    if scheme_of(path) not in S3_SCHEMES:
+        return
+    fs, root = resolve(path, storage)
+    bucket = root.split("/", 1)[0]
+    try:
+        info = fs.get_file_info(bucket)
+    except OSError as exc:
+        raise storage_error(exc, path, what, storage) from exc
+    if info.type == pafs.FileType.NotFound:
+        raise ConfigError(
+            f"the {what} bucket {bucket!r} ({redact(path)}) does not exist"
+            f"{_where(storage)}. Check the bucket name, or create the bucket first."
+        )
+
+
+def storage_error(
+    exc: BaseException, path: str, what: str, storage: StorageOptions | None = None
+) -> ConfigError:
+    """A permanent storage error as a message that names the bucket and the fix."""
+    text = str(exc)
+    bucket = urllib.parse.urlsplit(path).hostname if scheme_of(path) in S3_SCHEMES else None
+    where = f"the {what} bucket {bucket!r}" if bucket else f"the {what} {redact(path)!r}"
+    if re.search(r"NO_SUCH_BUCKET|NoSuchBucket", text):
+        fix = "Check the bucket name, or create the bucket first."
+    elif re.search(r"INVALID_ACCESS_KEY_ID|InvalidAccessKeyId|SIGNATURE|401|Unauthorized", text):
+        fix = (
+            "The credentials were refused: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+            "AWS_PROFILE or ~/.aws/credentials (use s3://anonymous@bucket/… for public data)."
+        )
+    else:
+        fix = (
+            "Access was denied: give these credentials read (input) or write (output) "
+            "access to the bucket, or use s3://anonymous@bucket/… for public data."
+        )
+    return ConfigError(f"cannot reach {where}{_where(storage)}: {redact(text)}. {fix}")
+
+
+def _where(storage: StorageOptions | None) -> str:
+    endpoint = (storage or StorageOptions()).with_env().endpoint_url
+    return f" at {endpoint}" if endpoint else ""
+
+
+def permanent(exc: BaseException) -> bool:
+    """Whether a storage error will not go away by retrying (no bucket, access denied)."""
+    return bool(PERMANENT_S3.search(str(exc)))
