@@ -1,0 +1,260 @@
+"""PyTorch models: TorchScript, ``torch.export`` programs, or a module class plus weights.
+
+    model: {type: torch, path: mlp.ts}                                # TorchScript
+    model: {type: torch, path: mlp.pt2}                               # torch.export program
+    model: {type: torch, path: mlp.safetensors, module: "nets.py:MLP", kwargs: {width: 64}}
+    model: {type: torch, path: mlp_state.pt, module: "nets:MLP", task: classification}
+
+Which loader is used follows from the artifact: with ``module`` the file holds the
+weights (safetensors, or a state dict read with ``weights_only=True``); without it a
+``.pt2`` file or an archive holding an exported program is ``torch.export.load``-ed, and
+a TorchScript archive is ``torch.jit.load``-ed. A fully pickled module
+(``torch.save(model)``) runs code when it is read: it is loaded only with
+``trust_pickle: true``.
+
+Inputs: a single fixed-size-list (or fixed-shape tensor) column is used as the batch
+tensor as it is (nested fixed-size lists keep their shape); otherwise the input columns
+are stacked, in order, into one ``(rows, columns)`` float tensor. Inputs and model are
+moved to the replica's device (``cuda`` when it holds a GPU) and cast to ``dtype``
+(``float32`` unless told ``float16`` or ``bfloat16``).
+
+Outputs (named ``<model>_<column>``):
+
+* a 1-D output, or 2-D with one column: ``value`` (float32);
+* a 2-D output: ``output``, a fixed-size list of float32; with ``task: classification``
+  instead ``logits`` (that list), ``label`` (the argmax, or its name from ``labels``)
+  and ``score`` (its softmax probability);
+* more dimensions: ``output``, the trailing dimensions flattened into a fixed-size list;
+* a tuple or dict of tensors: one column per element (``output_0``, ... or the keys),
+  each shaped as above.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import zipfile
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from chute.artifacts import local_path
+from chute.errors import ConfigError, ModelError
+from chute.models.base import Adapter, ReplicaContext
+from chute.models.pickles import trusts_pickle, untrusted_error
+
+DTYPES = ("float32", "float16", "bfloat16")
+TASKS = ("regression", "classification", "embedding")
+
+
+class TorchAdapter(Adapter):
+    """A PyTorch model on the replica's device, in eval and inference mode."""
+
+    kind: ClassVar[str] = "torch"
+    extra: ClassVar[str | None] = "torch"
+
+    def __init__(self, context: ReplicaContext, **options: Any) -> None:
+        super().__init__(context, **options)
+        import torch
+
+        self.task = _choice(options.get("task", "regression"), TASKS, "task", context.model)
+        self.dtype = getattr(
+            torch, _choice(options.get("dtype", "float32"), DTYPES, "dtype", context.model)
+        )
+        self.labels: list[Any] | None = options.get("labels")
+        self.device = torch.device(context.device)
+        if context.device == "cpu":
+            torch.set_num_threads(context.threads)
+        module = load_module(options, context.model)
+        if hasattr(module, "to"):
+            module = module.to(device=self.device, dtype=self.dtype)
+        if hasattr(module, "eval") and not _is_exported(module):
+            module.eval()
+        self.module = module
+
+    def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
+        import torch
+
+        with torch.inference_mode():
+            tensor = to_tensor(batch, self.device, self.dtype)
+            out = self.module(tensor)
+        return self._columns(out)
+
+    def _columns(self, out: Any) -> dict[str, pa.Array]:
+        if isinstance(out, Mapping):
+            return {f"{k}_{c}": v for k, t in out.items() for c, v in self._columns(t).items()}
+        if isinstance(out, (tuple, list)):
+            return {
+                f"output_{i}_{c}": v for i, t in enumerate(out) for c, v in self._columns(t).items()
+            }
+        return tensor_columns(out, self.task, self.labels)
+
+    @classmethod
+    def check(cls, options: Mapping[str, Any]) -> None:
+        """Before anything loads: a pickled module is refused unless ``trust_pickle``."""
+        super().check(options)
+        path = options.get("path")
+        if options.get("module") or not isinstance(path, str) or not os.path.isfile(path):
+            return
+        scripted = _is_exported_file(path) or _archive_holds(path, "/constants.pkl")
+        if not scripted and not trusts_pickle(options):
+            raise untrusted_error("torch", path)
+
+    @classmethod
+    def artifacts(cls, options: Mapping[str, Any]) -> Sequence[str]:
+        """The weights file, and the module's source file when it is a ``file.py:Class``."""
+        found = list(super().artifacts(options))
+        module = str(options.get("module", ""))
+        if module.partition(":")[0].endswith(".py"):
+            found.append(module.partition(":")[0])
+        return found
+
+
+def load_module(options: Mapping[str, Any], model: str) -> Any:
+    """The ``torch.nn.Module`` (or scripted / exported module) the options describe."""
+    if "path" not in options:
+        raise ConfigError(f"model {model!r} (torch): give `path`, the model file to load.")
+    path = local_path(str(options["path"]))
+    if options.get("module"):
+        return _from_weights(path, options, model)
+    if _is_exported_file(path):
+        import torch
+
+        return torch.export.load(path).module()
+    if _archive_holds(path, "/constants.pkl"):
+        import torch
+
+        with warnings.catch_warnings():  # deprecated in favour of torch.export, still served
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(path, map_location="cpu")  # type: ignore[no-untyped-call]
+    return _pickled(path, options, model)
+
+
+def _from_weights(path: str, options: Mapping[str, Any], model: str) -> Any:
+    from chute.stages import import_string
+
+    cls = import_string(str(options["module"]))
+    module = cls(*options.get("args", ()), **dict(options.get("kwargs", {})))
+    state = _state_dict(path)
+    try:
+        module.load_state_dict(state, strict=bool(options.get("strict", True)))
+    except RuntimeError as exc:
+        raise ModelError(
+            f"model {model!r} (torch): the weights in {path!r} do not fit "
+            f"{options['module']}: {exc}"
+        ) from exc
+    return module
+
+
+def _state_dict(path: str) -> Mapping[str, Any]:
+    import torch
+
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # the safe unpickler refuses anything but tensors and containers
+        raise ConfigError(
+            f"{path!r} is not a plain state dict (torch.load with weights_only=True refused "
+            f"it: {exc}); save `model.state_dict()` or use safetensors."
+        ) from exc
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"{path!r} holds a {type(state).__name__}, not a state dict.")
+    return state
+
+
+def _pickled(path: str, options: Mapping[str, Any], model: str) -> Any:
+    import torch
+
+    if not trusts_pickle(options):
+        raise untrusted_error("torch", path)
+    module = torch.load(path, map_location="cpu", weights_only=False)
+    if not callable(module):
+        raise ConfigError(
+            f"model {model!r} (torch): {path!r} holds a {type(module).__name__}, not a module; "
+            "for a state dict give `module: 'pkg.mod:Net'`."
+        )
+    return module
+
+
+def _is_exported_file(path: str) -> bool:
+    return path.endswith(".pt2") or _archive_holds(path, "/archive_format")
+
+
+def _archive_holds(path: str, suffix: str) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith(suffix) for name in archive.namelist())
+
+
+def _is_exported(module: Any) -> bool:
+    """Modules from ``torch.export`` refuse ``eval()``: they were traced in inference form."""
+    return type(module).__module__.startswith("torch.fx")
+
+
+def _choice(value: Any, choices: Sequence[str], what: str, model: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"model {model!r}: {what} {value!r} is not one of {', '.join(choices)}.")
+    return str(value)
+
+
+def to_numpy(batch: pa.Table) -> np.ndarray:
+    """The batch as one array: a list/tensor column as it is, else the columns stacked."""
+    if batch.num_columns == 1:
+        column = batch.column(0).combine_chunks()
+        if isinstance(column.type, pa.FixedShapeTensorType):
+            return np.asarray(column.to_numpy_ndarray())
+        if pa.types.is_fixed_size_list(column.type):
+            return _nested(column)
+    return np.column_stack(
+        [np.asarray(c.to_numpy(), dtype=np.float32) for c in batch.columns]
+    ).reshape(batch.num_rows, batch.num_columns)
+
+
+def _nested(column: pa.Array) -> np.ndarray:
+    shape = [len(column)]
+    values = column
+    while pa.types.is_fixed_size_list(values.type):
+        shape.append(values.type.list_size)
+        values = values.flatten()
+    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(shape)
+
+
+def to_tensor(batch: pa.Table, device: Any, dtype: Any) -> Any:
+    """The batch as a tensor on ``device``; floating inputs are cast to ``dtype``."""
+    import torch
+
+    array = np.ascontiguousarray(to_numpy(batch))
+    tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+    if tensor.is_floating_point():
+        return tensor.to(device=device, dtype=dtype)
+    return tensor.to(device=device)
+
+
+def tensor_columns(out: Any, task: str, labels: Sequence[Any] | None = None) -> dict[str, pa.Array]:
+    """Output columns for one output tensor (see the module docstring)."""
+    import torch
+
+    array = out.detach().to(device="cpu", dtype=torch.float32).numpy()
+    if array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1 and task != "classification"):
+        return {"value": pa.array(array.reshape(-1))}
+    flat = array.reshape(array.shape[0], -1)
+    values = fixed_size_list(flat)
+    if task != "classification" or array.ndim != 2:
+        return {"output": values}
+    probs = torch.softmax(out.detach().float(), dim=1).cpu().numpy()
+    index = probs.argmax(axis=1)
+    score = pa.array(probs[np.arange(len(index)), index].astype(np.float32))
+    label = pa.array([labels[i] for i in index]) if labels else pa.array(index.astype(np.int64))
+    return {"logits": values, "label": label, "score": score}
+
+
+def fixed_size_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
+    """A ``(rows, width)`` array as a fixed-size list column of float32."""
+    flat = pa.array(np.ascontiguousarray(matrix, dtype=np.float32).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, matrix.shape[1])

@@ -1,0 +1,228 @@
+"""The torch adapter on a small MLP built here: TorchScript, torch.export, state dict and
+safetensors plus a module class, and a pickled module only with trust_pickle; each chute
+output equals calling the module directly on the same rows."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import chute
+from chute.models import adapter
+
+torch = pytest.importorskip("torch")
+
+FEATURES = 5
+ROWS = 300
+
+
+class MLP(torch.nn.Module):  # type: ignore[misc]
+    """The test's model; importable as ``tests.test_adapters_torch:MLP`` by Ray workers."""
+
+    def __init__(self, width: int = 16, classes: int = 3) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, width), torch.nn.ReLU(), torch.nn.Linear(width, classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+MLP_SOURCE = textwrap.dedent(
+    """
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self, width=16, classes=3):
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(5, width), torch.nn.ReLU(), torch.nn.Linear(width, classes)
+            )
+
+        def forward(self, x):
+            return self.net(x)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def mlp() -> MLP:
+    torch.manual_seed(0)
+    return MLP(width=16, classes=3).eval()
+
+
+@pytest.fixture(scope="module")
+def rows() -> pa.Table:
+    rng = np.random.default_rng(1)
+    data = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
+    columns = {f"f{i}": data[:, i] for i in range(FEATURES)}
+    return pa.table({"id": np.arange(ROWS), **columns})
+
+
+def direct(module: Any, table: pa.Table) -> np.ndarray:
+    x = np.column_stack([table.column(f"f{i}").to_numpy() for i in range(FEATURES)])
+    with torch.inference_mode():
+        return np.asarray(module(torch.from_numpy(x.astype(np.float32))).numpy())
+
+
+def features() -> list[str]:
+    return [f"f{i}" for i in range(FEATURES)]
+
+
+def run(table: pa.Table, engine: str, batch_size: int = 64, **options: Any) -> Any:
+    model = chute.Model(
+        "mlp", adapter("torch", **options), inputs=features(), batch_size=batch_size
+    )
+    return chute.predict(table, model, engine=engine)  # type: ignore[arg-type]
+
+
+def matrix(frame: Any, column: str) -> np.ndarray:
+    return np.stack(frame[column].to_numpy()).astype(np.float32)
+
+
+def save_torchscript(module: Any, path: Path) -> str:
+    torch.jit.script(module).save(str(path))
+    return str(path)
+
+
+def save_exported(module: Any, path: Path) -> str:
+    program = torch.export.export(
+        module, (torch.zeros(4, FEATURES),), dynamic_shapes=({0: torch.export.Dim("batch")},)
+    )
+    torch.export.save(program, str(path))
+    return str(path)
+
+
+def save_state_dict(module: Any, path: Path) -> dict[str, Any]:
+    torch.save(module.state_dict(), str(path))
+    (path.parent / "net.py").write_text(MLP_SOURCE)
+    return {"path": str(path), "module": f"{path.parent / 'net.py'}:Net"}
+
+
+def save_safetensors(module: Any, path: Path) -> dict[str, Any]:
+    from safetensors.torch import save_file
+
+    save_file(module.state_dict(), str(path))
+    return {"path": str(path), "module": "tests.test_adapters_torch:MLP", "kwargs": {"width": 16}}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        pytest.param("torchscript", id="torchscript"),
+        pytest.param("export", id="torch.export"),
+        pytest.param("state_dict", id="state-dict+file.py"),
+        pytest.param("safetensors", id="safetensors+module"),
+    ],
+)
+def test_outputs_equal_the_module(
+    fmt: str, mlp: Any, rows: pa.Table, tmp_path: Path, engine: str
+) -> None:
+    options: dict[str, Any] = {
+        "torchscript": lambda: {"path": save_torchscript(mlp, tmp_path / "m.ts")},
+        "export": lambda: {"path": save_exported(mlp, tmp_path / "m.pt2")},
+        "state_dict": lambda: save_state_dict(mlp, tmp_path / "m.pt"),
+        "safetensors": lambda: save_safetensors(mlp, tmp_path / "m.safetensors"),
+    }[fmt]()
+    frame = run(rows, engine, **options)
+    assert frame["id"].tolist() == list(range(ROWS))
+    np.testing.assert_allclose(matrix(frame, "mlp_output"), direct(mlp, rows), atol=1e-5)
+
+
+def test_output_is_fixed_size_list_of_float32(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    path = save_torchscript(mlp, tmp_path / "m.ts")
+    model = chute.Model("mlp", adapter("torch", path=path), inputs=features())
+    report = chute.Job(
+        source=chute.TableSource(rows), models=(model,), carryover=("id",), engine="local"
+    ).run()
+    assert report.result is not None
+    assert report.result.schema.field("mlp_output").type == pa.list_(pa.float32(), 3)
+
+
+def test_classification_gives_logits_label_and_score(
+    mlp: Any, rows: pa.Table, tmp_path: Path
+) -> None:
+    path = save_torchscript(mlp, tmp_path / "m.ts")
+    frame = run(rows, "local", path=path, task="classification", labels=["a", "b", "c"])
+    logits = direct(mlp, rows)
+    probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()
+    np.testing.assert_allclose(matrix(frame, "mlp_logits"), logits, atol=1e-5)
+    assert frame["mlp_label"].tolist() == [["a", "b", "c"][i] for i in logits.argmax(axis=1)]
+    np.testing.assert_allclose(frame["mlp_score"].to_numpy(), probs.max(axis=1), atol=1e-5)
+
+
+def test_regression_output_is_value(rows: pa.Table, tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    regressor = MLP(width=8, classes=1).eval()
+    path = save_exported(regressor, tmp_path / "r.pt2")
+    frame = run(rows, "local", path=path)
+    assert frame["mlp_value"].dtype == np.float32
+    np.testing.assert_allclose(
+        frame["mlp_value"].to_numpy(), direct(regressor, rows)[:, 0], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dtype_casts_model_and_inputs(dtype: str, mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    options = save_safetensors(mlp, tmp_path / "m.safetensors")
+    frame = run(rows, "local", dtype=dtype, **options)
+    cast = getattr(torch, dtype)
+    x = np.column_stack([rows.column(f"f{i}").to_numpy() for i in range(FEATURES)])
+    low = MLP(16, 3).eval()
+    low.load_state_dict(mlp.state_dict())
+    low = low.to(cast)
+    with torch.inference_mode():
+        expected = low(torch.from_numpy(x).to(cast)).float().numpy()
+    np.testing.assert_allclose(matrix(frame, "mlp_output"), expected, atol=1e-5)
+    assert np.abs(expected - direct(mlp, rows)).max() > 1e-5  # the cast really happened
+
+
+def test_tensor_column_used_as_is(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    x = np.column_stack([rows.column(f"f{i}").to_numpy() for i in range(FEATURES)])
+    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES)})
+    path = save_torchscript(mlp, tmp_path / "m.ts")
+    frame = chute.predict(
+        table, chute.Model("mlp", adapter("torch", path=path), inputs=["x"]), engine="local"
+    )
+    np.testing.assert_allclose(matrix(frame, "mlp_output"), direct(mlp, rows), atol=1e-5)
+
+
+def test_pickled_module_needs_trust_pickle(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    path = tmp_path / "full.pt"
+    torch.save(mlp, str(path))
+    with pytest.raises(chute.ConfigError, match="trust_pickle"):
+        run(rows, "local", path=str(path))
+    frame = run(rows, "local", path=str(path), trust_pickle=True)
+    np.testing.assert_allclose(matrix(frame, "mlp_output"), direct(mlp, rows), atol=1e-5)
+
+
+def test_state_dict_with_code_in_it_is_refused(rows: pa.Table, tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"net.0.weight": torch.zeros(2), "hook": Path("x")}, str(path))
+    (tmp_path / "net.py").write_text(MLP_SOURCE)
+    with pytest.raises(chute.ConfigError, match="weights_only"):
+        run(rows, "local", path=str(path), module=f"{tmp_path / 'net.py'}:Net")
+
+
+def test_weights_that_do_not_fit_the_module(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    options = save_safetensors(mlp, tmp_path / "m.safetensors")
+    options["kwargs"] = {"width": 8}
+    with pytest.raises(chute.ModelError, match="do not fit"):
+        run(rows, "local", **options)
+
+
+def test_changed_weights_change_the_fingerprint(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    path = save_torchscript(mlp, tmp_path / "m.ts")
+    model = chute.Model("mlp", adapter("torch", path=path), inputs=features())
+    job = chute.Job(source=chute.TableSource(rows), models=(model,))
+    before = job.fingerprint()
+    torch.manual_seed(5)
+    save_torchscript(MLP(16, 3).eval(), tmp_path / "m.ts")
+    assert job.fingerprint() != before
