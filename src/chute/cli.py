@@ -61,6 +61,11 @@ def job_options(fn: F) -> F:
             "--engine", type=click.Choice(["auto", "local", "ray"]), help="Engine to use."
         ),
         click.option("--address", envvar="RAY_ADDRESS", help="Ray cluster address (implies ray)."),
+        click.option(
+            "--trust-pickle",
+            is_flag=True,
+            help="Load pickle/joblib model files: they run code from the file, so only yours.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -79,6 +84,7 @@ def _load(job_file: str, **opts: Any) -> Job:
         pool=Pool.fixed(pool) if pool else None,
         engine=opts.get("engine"),
         address=opts.get("address"),
+        trust_pickle=opts.get("trust_pickle") or None,
     )
 
 

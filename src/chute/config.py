@@ -36,7 +36,8 @@ from chute.job import (
     Sink,
     parse_bytes,
 )
-from chute.sources import FileSource
+from chute.sources import file_source
+from chute.storage import StorageOptions
 from chute.stages import add_code_dir
 
 Format = Literal["parquet", "csv", "jsonl"]
@@ -60,7 +61,9 @@ class PoolConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str
-    fn: str
+    fn: str | None = None
+    model: dict[str, Any] | None = None
+    """A built-in adapter: ``{type: onnx, path: model.onnx, ...options}``."""
     inputs: list[str] | None = None
     batch_format: Fmt = "pyarrow"
     batch_size: int | str = 16_384
@@ -80,12 +83,29 @@ class PreprocessConfig(_Strict):
 
 class InputConfig(_Strict):
     path: str | list[str]
-    format: Format | None = None
+    format: Literal["parquet", "csv", "jsonl", "images"] | None = None
+    size: list[int] | None = None
+    """Images only: ``[height, width]`` to resize every image to (see :mod:`chute.images`)."""
+    mode: Literal["RGB", "L"] | None = None
+    """Images only: ``RGB`` or ``L`` (grayscale)."""
 
 
 class OutputConfig(_Strict):
     path: str
     format: Format = "parquet"
+
+
+class StorageConfig(_Strict):
+    """How to reach remote storage (input and output). No credentials here: they come
+    from the standard chain (environment, ~/.aws files, instance roles)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    anonymous: bool = False
+    retries: int = Field(default=6, ge=1)
+    connect_timeout: float | None = Field(default=None, gt=0)
+    request_timeout: float | None = Field(default=None, gt=0)
+    options: dict[str, Any] = {}
 
 
 class JobConfig(_Strict):
@@ -99,6 +119,7 @@ class JobConfig(_Strict):
     on_bad_input: Literal["fail", "skip"] = "fail"
     metrics: list[dict[str, Any]] = []
     """Each ``{type: auc_roc, label: …, score: …, by: …}``; see :mod:`chute.metrics`."""
+    storage: StorageConfig = StorageConfig()
     runtime_env: dict[str, Any] = {}
     """Ray's runtime environment; ``working_dir`` defaults to the job file's directory when
     the job names code that lives there (``working_dir: null`` ships nothing)."""
@@ -163,10 +184,16 @@ def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
     source, output = config.input, config.output
     paths = overrides.get("input", source.path)
     paths = [paths] if isinstance(paths, str) else list(paths)
+    storage = StorageOptions(**config.storage.model_dump())
     return Job(
-        source=FileSource([_resolve(p, base) for p in paths], source.format),
+        source=file_source(
+            [_resolve(p, base) for p in paths],
+            source.format,
+            storage,
+            **source.model_dump(include={"size", "mode"}, exclude_none=True),
+        ),
         models=tuple(_model(i, m, base, overrides) for i, m in enumerate(config.models)),
-        output=Sink(_resolve(overrides.get("output", output.path), base), output.format),
+        output=Sink(_resolve(overrides.get("output", output.path), base), output.format, storage),
         carryover=tuple(config.carryover),
         preprocess=_preprocess(config.preprocess, base),
         engine=overrides.get("engine", config.engine),
@@ -243,7 +270,7 @@ def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Mo
     res = config.resources
     return Model(
         name=config.name,
-        fn=_resolve_fn(config.fn, base),
+        fn=_model_fn(config, base, overrides.get("trust_pickle", False)),
         inputs=tuple(config.inputs) if config.inputs is not None else None,
         batch_format=config.batch_format,
         batch_size=BatchSize.parse(overrides.get("batch_size", config.batch_size)),
@@ -257,6 +284,28 @@ def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Mo
         kwargs=dict(config.kwargs),
         on_error=config.on_error,
     )
+
+
+def _model_fn(config: ModelConfig, base: str, trust_pickle: bool) -> Any:
+    """``fn:`` (a function or class to import) or ``model:`` (a built-in adapter)."""
+    if (config.fn is None) == (config.model is None):
+        raise ConfigError(
+            "give either fn: (a Python function or class, 'module:name') or model: (a built-in "
+            "adapter, {type: onnx, path: model.onnx}), not both or neither."
+        )
+    if config.fn is not None:
+        return _resolve_fn(config.fn, base)
+    from chute.models import ADAPTERS, adapter
+
+    options = dict(config.model or {})
+    kind = options.pop("type", None)
+    if not isinstance(kind, str):
+        raise ConfigError(f"model: needs type: one of {', '.join(sorted(ADAPTERS))}.")
+    if isinstance(options.get("path"), str):
+        options["path"] = _resolve(options["path"], base)
+    if trust_pickle:
+        options["trust_pickle"] = True  # --trust-pickle
+    return adapter(kind, **options)
 
 
 def _resolve(path: str, base: str) -> str:

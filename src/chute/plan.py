@@ -18,6 +18,7 @@ import pyarrow as pa
 from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
 from chute.job import BatchFormat, Job, Model, Sink
+from chute.models import AdapterSpec
 from chute.sources import READ_BATCH_ROWS, DatasetSource, Source, Unit, check_columns
 from chute.stages import KEY, skip_marker, tag
 
@@ -189,6 +190,8 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     """Validate the job against the data's schema and split it into units."""
     if not job.models:
         raise ConfigError("the job has no models: name at least one model to run.")
+    for model in job.models:
+        _check_adapter(model)
     schema = job.source.schema()
     carry = _carryover(job, schema)
     read_columns = _read_columns(job, schema, carry)
@@ -209,6 +212,16 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     )
     plan.reference = units[0].path or units[0].id
     return plan
+
+
+def _check_adapter(model: Model) -> None:
+    """A built-in adapter's framework is installed and its options are sound (no untrusted
+    pickle), before any data is read or any model loaded."""
+    if isinstance(model.fn, AdapterSpec):
+        try:
+            model.fn.check()
+        except ConfigError as exc:
+            raise ConfigError(f"model {model.name!r}: {exc}") from exc
 
 
 def _carryover(job: Job, schema: pa.Schema) -> list[str]:

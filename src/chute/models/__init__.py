@@ -63,6 +63,12 @@ class AdapterSpec:
         cls: type[Adapter] = getattr(importlib.import_module(module), name)
         return cls
 
+    def check(self) -> None:
+        """Before anything runs (plan, ``chute validate``): the framework is installed and the
+        adapter accepts the options (no untrusted pickle among its files, for one)."""
+        self.check_installed()
+        self.load_class().check(self.options)
+
     def build(self, context: ReplicaContext) -> Adapter:
         """Load the model for one replica."""
         return self.load_class()(context, **self.options)
@@ -74,3 +80,18 @@ def adapter(kind: str, **options: Any) -> AdapterSpec:
 
 
 __all__ = ["ADAPTERS", "Adapter", "AdapterSpec", "ReplicaContext", "adapter", "register"]
+
+register("torch", "chute.models.torchmodel:TorchAdapter", "torch", "torch")
+register("transformers", "chute.models.hf:TransformersAdapter", "transformers", "transformers")
+register(
+    "sentence-transformers",
+    "chute.models.sbert:SentenceTransformersAdapter",
+    "sentence_transformers",
+    "sentence-transformers",
+)
+register("vllm", "chute.models.vllm:VLLMAdapter", "vllm", "vllm")
+register("sklearn", "chute.models.sklearn:SklearnAdapter", "sklearn", "sklearn")
+register("xgboost", "chute.models.boosters:XGBoostAdapter", "xgboost", "xgboost")
+register("lightgbm", "chute.models.boosters:LightGBMAdapter", "lightgbm", "lightgbm")
+register("onnx", "chute.models.onnx:OnnxAdapter", "onnxruntime", "onnx")
+register("keras", "chute.models.keras:KerasAdapter", "keras", "keras")

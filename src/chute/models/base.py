@@ -61,6 +61,15 @@ class Adapter:
         raise NotImplementedError
 
     @classmethod
+    def check(cls, options: Mapping[str, Any]) -> None:
+        """Refuse bad options before anything runs (planning, ``chute validate``). By default:
+        a ``path`` that is a pickle, unless ``trust_pickle: true`` (see :mod:`.pickles`)."""
+        from chute.models.pickles import refuse_untrusted
+
+        if isinstance(options.get("path"), str):
+            refuse_untrusted(cls.kind, options["path"], options)
+
+    @classmethod
     def artifacts(cls, options: Mapping[str, Any]) -> Sequence[str]:
         """The files the adapter loads, so that a changed artifact makes a changed job."""
         path = options.get("path")

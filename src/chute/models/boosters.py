@@ -1,0 +1,219 @@
+"""Gradient-boosted trees from their native model files: XGBoost and LightGBM.
+
+.. code-block:: yaml
+
+    model: {type: xgboost, path: model.json, threshold: 0.3}
+    model: {type: lightgbm, path: model.txt, classes: [cat, dog, fish]}
+
+The outputs follow the model's objective:
+
+- binary (XGBoost ``binary:*``, LightGBM ``binary`` / ``cross_entropy``): ``score`` (the
+  probability, or the margin for ``binary:logitraw``) and ``label`` (1 when ``score`` is
+  above 0.5, or at least ``threshold`` when one is given, or 0 for a margin);
+- multiclass with probabilities (``multi:softprob``, ``multiclass``, ``multiclassova``):
+  ``label`` (the argmax), ``score`` (its probability) and ``proba`` (a float32 list, one per
+  class); ``multi:softmax`` gives ``label`` only;
+- anything else (regression, counts, ranking): ``value``.
+
+Labels are class indices, or the names in ``classes`` (index order). Features are matched
+by name when the model file names them and the inputs have every one, else by position.
+XGBoost and LightGBM run with the replica's CPU count as threads; XGBoost predicts on the
+GPU when the replica holds one. Files are native (``.json``/``.ubj`` for XGBoost, ``.txt``
+for LightGBM); pickled scikit-learn wrappers (``XGBClassifier``, ``LGBMClassifier``) load
+only with ``trust_pickle: true``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import ConfigError, ModelError
+from chute.models.common import (
+    FileAdapter,
+    check_classes,
+    check_threshold,
+    classify,
+    feature_matrix,
+    ordered_by_names,
+)
+from chute.models.pickles import is_pickle, load_pickle
+
+BOOSTER_OUTPUTS = ("label", "score", "proba", "value")
+
+
+class _Booster(FileAdapter):
+    OPTIONS: ClassVar[tuple[str, ...]] = ("threshold", "classes")
+    OUTPUTS: ClassVar[tuple[str, ...]] = BOOSTER_OUTPUTS
+    task: str = "value"
+    """``binary``, ``multiclass``, ``softmax`` (labels only) or ``value``."""
+
+    @classmethod
+    def check(cls, options: Mapping[str, Any]) -> None:
+        super().check(options)
+        check_threshold(options.get("threshold"))
+        check_classes(options.get("classes"))
+
+    def load(self) -> None:
+        self.classes: list[Any] | None = check_classes(self.options.get("classes"))
+        self.threshold = check_threshold(self.options.get("threshold"))
+        if is_pickle(self.path):
+            self._from_wrapper(load_pickle(self.kind, self.path, self.options))
+        else:
+            self._from_file()
+
+    def _from_file(self) -> None:
+        raise NotImplementedError
+
+    def _from_wrapper(self, model: Any) -> None:
+        raise NotImplementedError
+
+    def _raw(self, features: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _names(self) -> list[str] | None:
+        raise NotImplementedError
+
+    def predict(self, batch: pa.Table) -> dict[str, Any]:
+        features = feature_matrix(ordered_by_names(batch, self._names()), np.float32)
+        out = np.asarray(self._raw(features))
+        if self.task == "binary":
+            threshold = self.threshold if self.threshold is not None else self._cut()
+            return classify(out, self.classes, threshold)
+        if self.task == "multiclass":
+            return classify(out, self.classes, self.threshold)
+        if self.task == "softmax":
+            index = out.astype(np.int64)
+            return {"label": np.asarray(self.classes)[index] if self.classes else index}
+        return {"value": out}
+
+    def _cut(self) -> float | None:
+        return None  # a probability: the positive class when it is above 0.5
+
+
+class XGBoostAdapter(_Booster):
+    """An XGBoost booster from a ``.json`` / ``.ubj`` model file."""
+
+    kind: ClassVar[str] = "xgboost"
+    extra: ClassVar[str | None] = "xgboost"
+
+    def _from_file(self) -> None:
+        import xgboost
+
+        self.booster = xgboost.Booster()
+        self.booster.load_model(self.path)
+        self._setup()
+
+    def _from_wrapper(self, model: Any) -> None:
+        if not hasattr(model, "get_booster"):
+            raise ModelError(f"{self.path!r} holds a {type(model).__name__}, not an XGBoost model.")
+        self.booster = model.get_booster()
+        if self.classes is None and getattr(model, "classes_", None) is not None:
+            self.classes = list(model.classes_)
+        self._setup()
+
+    def _setup(self) -> None:
+        params: dict[str, Any] = {"nthread": self.context.threads}
+        if self.context.device == "cuda":
+            params["device"] = "cuda"
+        self.booster.set_param(params)
+        config = json.loads(self.booster.save_config())
+        self.objective = str(config["learner"]["objective"]["name"])
+        self.task = _xgboost_task(self.objective)
+
+    def _names(self) -> list[str] | None:
+        names = self.booster.feature_names
+        return list(names) if names else None
+
+    def _raw(self, features: np.ndarray) -> np.ndarray:
+        self._check_width(features.shape[1], self.booster.num_features())
+        return np.asarray(self.booster.inplace_predict(features, validate_features=False))
+
+    def _cut(self) -> float | None:
+        return 0.0 if self.objective == "binary:logitraw" else None
+
+    def _check_width(self, got: int, want: int) -> None:
+        if got != want:
+            raise ModelError(
+                f"{self.path!r} expects {want} features but the model's inputs give {got}: "
+                "list the features the model was trained on, in order, as its inputs."
+            )
+
+
+def _xgboost_task(objective: str) -> str:
+    if objective.startswith("binary:"):
+        return "binary"
+    if objective == "multi:softprob":
+        return "multiclass"
+    if objective == "multi:softmax":
+        return "softmax"
+    return "value"
+
+
+class LightGBMAdapter(_Booster):
+    """A LightGBM booster from a ``.txt`` model file."""
+
+    kind: ClassVar[str] = "lightgbm"
+    extra: ClassVar[str | None] = "lightgbm"
+
+    def _from_file(self) -> None:
+        import lightgbm
+
+        try:
+            self.booster = lightgbm.Booster(model_file=self.path)
+        except lightgbm.basic.LightGBMError as exc:
+            raise ConfigError(
+                f"{self.path!r} is not a LightGBM model file ({exc}): save one with "
+                "booster.save_model('model.txt')."
+            ) from exc
+        self._setup()
+
+    def _from_wrapper(self, model: Any) -> None:
+        booster = getattr(model, "booster_", model)
+        if not hasattr(booster, "feature_name"):
+            raise ModelError(f"{self.path!r} holds a {type(model).__name__}, not a LightGBM model.")
+        self.booster = booster
+        if self.classes is None and getattr(model, "classes_", None) is not None:
+            self.classes = list(model.classes_)
+        self._setup()
+
+    def _setup(self) -> None:
+        self.task = _lightgbm_task(_lightgbm_objective(self.booster, self.path))
+
+    def _names(self) -> list[str] | None:
+        return list(self.booster.feature_name())
+
+    def _raw(self, features: np.ndarray) -> np.ndarray:
+        want = self.booster.num_feature()
+        if features.shape[1] != want:
+            raise ModelError(
+                f"{self.path!r} expects {want} features but the model's inputs give "
+                f"{features.shape[1]}: list the features it was trained on as its inputs."
+            )
+        return np.asarray(self.booster.predict(features, num_threads=self.context.threads))
+
+
+def _lightgbm_objective(booster: Any, path: str) -> str:
+    """The objective's name: from the loaded parameters, else the model file's header."""
+    objective = (getattr(booster, "params", None) or {}).get("objective")
+    if objective:
+        return str(objective).split()[0]
+    with open(path) as f:
+        for line in f:
+            if line.startswith("objective="):
+                return line.split("=", 1)[1].split()[0]
+            if line.startswith("Tree="):
+                break
+    return "regression"
+
+
+def _lightgbm_task(objective: str) -> str:
+    if objective in ("binary", "cross_entropy", "xentropy"):
+        return "binary"
+    if objective in ("multiclass", "softmax", "multiclassova", "multiclass_ova", "ova", "ovr"):
+        return "multiclass"
+    return "value"
