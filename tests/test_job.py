@@ -312,9 +312,33 @@ def test_fingerprint_changes_with_constructor_arguments() -> None:
     assert job(2.0) == job(2.0)
     assert job(2.0) != job(3.0)
     assert job(factor=2.0) != job(factor=3.0)
+    small = np.zeros((1000, 10), dtype=np.float32)
+    assert job(small) != job(np.ones((1000, 10), dtype=np.float32))  # hashed by content
+    assert job(weights={"w": small}) != job(weights={"w": small + 1})  # inside a mapping too
+    assert job(weights={"w": small}) == job(weights={"w": small.copy()})
+
+
+def test_big_arrays_are_described_by_shape_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("chute.job.HASHED_ARRAY_BYTES", 1000)
+
+    def job(*args: Any) -> str:
+        return _job(models=(Model("a", Scorer, inputs=("x",), args=args),)).fingerprint()
+
     big = np.zeros((1000, 10), dtype=np.float32)
-    assert job(big) == job(np.ones((1000, 10), dtype=np.float32))  # described by shape only
+    assert job(big) == job(np.ones((1000, 10), dtype=np.float32))
     assert job(big) != job(np.zeros((1000, 11), dtype=np.float32))
+
+
+def test_torch_weights_are_hashed_by_content() -> None:
+    torch = pytest.importorskip("torch")
+
+    def job(state: Any) -> str:
+        model = Model("a", Scorer, inputs=("x",), kwargs={"state_dict": state})
+        return _job(models=(model,)).fingerprint()
+
+    weights = {"w": torch.zeros(64, 10)}
+    assert job(weights) == job({"w": torch.zeros(64, 10)})
+    assert job(weights) != job({"w": torch.ones(64, 10)})
 
 
 def test_fingerprint_changes_with_the_input_files(tmp_path: Any) -> None:

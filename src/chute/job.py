@@ -317,8 +317,14 @@ class Job:
 
     def fingerprint(self) -> str:
         """A stable hash of :meth:`describe`: a changed job gets another one."""
-        blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return fingerprint_of(self.describe())
+
+
+def fingerprint_of(description: Mapping[str, Any]) -> str:
+    """The fingerprint of a job's :meth:`Job.describe` (computed once per run: describing
+    hashes in-memory data and constructor arguments)."""
+    blob = json.dumps(description, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _fn_name(fn: Any) -> str:
@@ -373,10 +379,41 @@ def _describe_model(model: Model) -> dict[str, Any]:
     }
 
 
+HASHED_ARRAY_BYTES = 64 * 2**20
+"""Arrays and tensors in constructor arguments up to this size are hashed by content (a
+state dict's weights); bigger payloads are described by shape and dtype only."""
+
+
 def _short_repr(value: Any) -> str:
-    """A cheap description of a constructor argument: big payloads are not hashed."""
+    """A cheap description of a constructor argument: small arrays by content, big ones by
+    shape, mappings and sequences item by item."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_short_repr(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)) and len(value) <= 1000:
+        return "[" + ", ".join(_short_repr(v) for v in value) + "]"
     shape = getattr(value, "shape", None)
     if shape is not None:
-        return f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}"
+        return (
+            f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}{_content(value)}"
+        )
     text = repr(value)
     return text if len(text) <= 200 else f"{type(value).__name__}@{len(text)}"
+
+
+def _content(array: Any) -> str:
+    """``#<hash>`` of an array's or tensor's bytes when it is small enough, else ``""``."""
+    if hasattr(array, "detach") and getattr(array, "nbytes", 0) <= HASHED_ARRAY_BYTES:
+        import torch  # a torch tensor: its raw bytes (NumPy has no bfloat16)
+
+        array = array.detach().cpu().contiguous().flatten().view(torch.uint8).numpy()
+    if not hasattr(array, "tobytes") or getattr(array, "nbytes", HASHED_ARRAY_BYTES + 1) > (
+        HASHED_ARRAY_BYTES
+    ):
+        return ""
+    return "#" + hashlib.blake2b(memoryview(_contiguous(array)), digest_size=8).hexdigest()
+
+
+def _contiguous(array: Any) -> Any:
+    import numpy as np
+
+    return np.ascontiguousarray(array).view(np.uint8)

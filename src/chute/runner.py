@@ -18,7 +18,7 @@ from rich.console import Console
 
 from chute.errors import ChuteError, ModelError
 from chute.evaluation import from_text, to_text
-from chute.job import Job
+from chute.job import Job, fingerprint_of
 from chute.ledger import Ledger
 from chute.metrics import State
 from chute.plan import Plan, build_plan
@@ -182,11 +182,13 @@ def run_job(
     engine = _engine(plan, verbose)
     engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
     ledger = None
+    description = job.describe()  # once: it hashes in-memory data and model arguments
+    fingerprint = fingerprint_of(description)
     if job.output is not None:
         ledger = Ledger.open(
             job.output.path,
-            job.fingerprint(),
-            job.describe(),
+            fingerprint,
+            description,
             overwrite,
             len(plan.units),
             storage=job.output.storage,
@@ -204,10 +206,10 @@ def run_job(
             stages = engine.execute(plan, committer.add) if plan.pending else {}
         committer.flush()
     except ModelError as exc:
-        _save_partial(ledger, plan, committer, started)
+        _save_partial(ledger, plan, committer, started, fingerprint)
         raise _located(exc, plan) from exc
     except BaseException:  # Ctrl-C too: what was committed is reported, then resumed
-        _save_partial(ledger, plan, committer, started)
+        _save_partial(ledger, plan, committer, started, fingerprint)
         raise
     missing = committer.missing()
     if missing:
@@ -216,7 +218,7 @@ def run_job(
             f"{len(missing)} unit(s) did not complete ({names}); the ledger holds the rest. "
             "Run the job again to finish them."
         )
-    report = _report(plan, committer, stages, time.perf_counter() - started)
+    report = _report(plan, committer, stages, time.perf_counter() - started, fingerprint)
     if ledger is not None:
         ledger.remove_orphans()
         # The HTML (matplotlib: ~0.7 s) comes with runs that have metrics to plot;
@@ -226,7 +228,9 @@ def run_job(
     return report
 
 
-def _save_partial(ledger: Ledger | None, plan: Plan, committer: Committer, started: float) -> None:
+def _save_partial(
+    ledger: Ledger | None, plan: Plan, committer: Committer, started: float, fingerprint: str
+) -> None:
     """Report what the interrupted run committed (``chute report`` shows it again)."""
     if ledger is None:
         return
@@ -234,7 +238,7 @@ def _save_partial(ledger: Ledger | None, plan: Plan, committer: Committer, start
         committer.flush()  # the parts of these units are in place: keep them
     except Exception:
         log.warning("could not write the last ledger batch", exc_info=True)
-    report = _report(plan, committer, {}, time.perf_counter() - started)
+    report = _report(plan, committer, {}, time.perf_counter() - started, fingerprint)
     report.complete = False
     try:
         ledger.save_report(report.to_dict(), html=bool(plan.evaluation))
@@ -268,12 +272,18 @@ def _engine(plan: Plan, verbose: bool) -> Any:
     return LocalEngine()
 
 
-def _report(plan: Plan, committer: Committer, stages: dict[str, StageStats], wall: float) -> Report:
+def _report(
+    plan: Plan,
+    committer: Committer,
+    stages: dict[str, StageStats],
+    wall: float,
+    fingerprint: str,
+) -> Report:
     skipped = [u for u in plan.units if u not in plan.pending]
     stats = dict(stages)
     stats["write"] = committer.write
     return Report(
-        fingerprint=plan.job.fingerprint(),
+        fingerprint=fingerprint,
         engine=plan.engine,
         engine_reason=plan.engine_reason,
         output=redact(plan.job.output.path) if plan.job.output else None,
