@@ -136,7 +136,8 @@ class _Run:
         self.plan = plan
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
-        self.records: queue.Queue[list[PartRecord]] = queue.Queue()
+        self.records: queue.Queue[list[PartRecord] | None] = queue.Queue()
+        """Part records for the driver; ``None`` each time a thread ends."""
         self.threads: list[threading.Thread] = []
         self.stats: dict[str, StageStats] = {}
         self._stats_lock = threading.Lock()
@@ -169,6 +170,8 @@ class _Run:
         except BaseException as exc:
             self.errors.append(exc)
             self.stop.set()
+        finally:
+            self.records.put(None)  # this thread is done: the driver stops waiting at once
 
     def _record(self, name: str, seconds: float, rows: int) -> None:
         with self._stats_lock:
@@ -242,13 +245,18 @@ class _Run:
         """Start the threads and commit records on this (the driver) thread until done."""
         for thread in self.threads:
             thread.start()
+        running = len(self.threads)
         try:
-            while any(t.is_alive() for t in self.threads) or not self.records.empty():
+            while running:
                 self._raise_first_error()
                 try:
-                    commit(self.records.get(timeout=0.05))
+                    records = self.records.get(timeout=0.1)  # a timeout: Ctrl-C gets through
                 except queue.Empty:
                     continue
+                if records is None:
+                    running -= 1
+                else:
+                    commit(records)
             self._raise_first_error()
         finally:
             self.stop.set()
