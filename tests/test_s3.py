@@ -1,0 +1,158 @@
+"""Object storage (issue 6): jobs that read from and write to a real S3 API on loopback.
+
+moto runs in server mode on 127.0.0.1 (``tests/s3server.py``) and every request goes
+through a small proxy that counts requests by kind and, when a test asks, answers some of
+them with ``503 SlowDown``, ``500`` or a dropped connection. Nothing here is mocked: the
+requests are pyarrow's AWS SDK talking HTTP to moto.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import chute
+from chute import ConfigError
+from chute.cli import main
+from chute.ledger import Ledger
+from chute.storage import StorageOptions, redact, resolve
+from tests.chaos_job import (
+    HERE,
+    METRICS,
+    ROWS_PER_UNIT,
+    driver_env,
+    reap,
+    seen_units,
+    start_driver,
+    wait_for,
+    write_job,
+)
+from tests.s3server import (  # noqa: F401  (fixtures)
+    FaultProxy,
+    MotoS3,
+    get_object,
+    list_keys,
+    moto_s3,
+    put_objects,
+    read_json,
+    s3,
+    s3_proxy,
+)
+
+UNITS = 6
+ROWS = 200
+
+
+def scale(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"y": batch["x"] * 2.0 + batch["id"]}
+
+
+def _table(unit: int, rows: int = ROWS) -> pa.Table:
+    ids = np.arange(unit * rows, (unit + 1) * rows, dtype=np.int64)
+    return pa.table({"id": ids, "x": np.sin(ids.astype(np.float64))})
+
+
+def _encode(table: pa.Table, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        pq.write_table(table, buf)
+    elif fmt == "csv":
+        pacsv.write_csv(table, buf)
+    else:
+        buf.write("".join(json.dumps(r) + "\n" for r in table.to_pylist()).encode())
+    return buf.getvalue()
+
+
+def upload(moto_s3: MotoS3, fmt: str, units: int = UNITS, prefix: str = "in") -> None:
+    ext = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}[fmt]
+    put_objects(
+        moto_s3,
+        "bucket",
+        {f"{prefix}/unit-{u:03d}.{ext}": _encode(_table(u), fmt) for u in range(units)},
+    )
+
+
+def _job(source: str, out: str, engine: str, fmt: str = "parquet", **kwargs: Any) -> chute.Job:
+    model = chute.Model("m", scale, inputs=("id", "x"), batch_format="numpy", batch_size=64)
+    return chute.Job(
+        source=chute.FileSource(source),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(out, fmt),  # type: ignore[arg-type]
+        engine=engine,  # type: ignore[arg-type]
+        **kwargs,
+    )
+
+
+def read_result(moto_s3: MotoS3, prefix: str, fmt: str = "parquet") -> pa.Table:
+    """The rows of every file the manifest names (what a downstream reader trusts)."""
+    manifest = read_json(moto_s3, "bucket", f"{prefix}/_chute/manifest.json")
+    tables = []
+    for item in manifest["files"]:
+        data = get_object(moto_s3, "bucket", f"{prefix}/{item['path']}")
+        assert len(data) == item["bytes"]
+        if fmt == "parquet":
+            table = pq.read_table(io.BytesIO(data))
+        elif fmt == "csv":
+            table = pacsv.read_csv(io.BytesIO(data))
+        else:
+            table = pa.Table.from_pylist([json.loads(line) for line in data.splitlines()])
+        assert table.num_rows == item["rows"]
+        tables.append(table)
+    return pa.concat_tables(tables).sort_by("id")
+
+
+def check_exactly_once(
+    moto_s3: MotoS3, prefix: str, units: int = UNITS, fmt: str = "parquet"
+) -> None:
+    keys = list_keys(moto_s3, "bucket", prefix + "/")
+    assert f"{prefix}/_SUCCESS" in keys
+    result = read_result(moto_s3, prefix, fmt)
+    ids = result.column("id").to_numpy()
+    assert len(ids) == units * ROWS and len(np.unique(ids)) == len(ids)
+    assert (ids == np.arange(units * ROWS)).all()
+    expected = np.sin(ids.astype(np.float64)) * 2.0 + ids
+    np.testing.assert_allclose(result.column("m_y").to_numpy(), expected)
+    manifest = read_json(moto_s3, "bucket", f"{prefix}/_chute/manifest.json")
+    parts = {k.rsplit("/", 1)[1] for k in keys if k.rsplit("/", 1)[1].startswith("part-")}
+    assert parts == {f["path"] for f in manifest["files"]}, "an orphan part or a lost one"
+    assert manifest["rows"] == units * ROWS
+
+
+# --------------------------------------------------------------------------- 1. in and out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_job_reads_from_and_writes_to_the_bucket(
+    s3: FaultProxy, moto_s3: MotoS3, engine: str, fmt: str
+) -> None:
+    upload(moto_s3, fmt)
+    report = _job("s3://bucket/in/", "s3://bucket/out", engine, fmt).run()
+    assert (report.units_done, report.rows_out) == (UNITS, UNITS * ROWS)
+    check_exactly_once(moto_s3, "out", fmt=fmt)
+    keys = list_keys(moto_s3, "bucket", "out/_chute/")
+    assert "out/_chute/report.json" in keys and "out/_chute/job.json" in keys
+    ledger = [k for k in keys if k.startswith("out/_chute/ledger/")]
+    assert ledger, "the ledger is objects in the bucket"
+    entries = [
+        json.loads(line) for k in ledger for line in get_object(moto_s3, "bucket", k).splitlines()
+    ]
+    assert sorted(e["index"] for e in entries) == list(range(UNITS))
+    assert read_json(moto_s3, "bucket", "out/_chute/report.json")["rows_out"] == UNITS * ROWS
