@@ -14,6 +14,7 @@ from chute.errors import (
     ModelError,
     ResourceError,
 )
+from chute.images import ImageSource
 from chute.job import BatchSize, Job, Model, Pool, Preprocess, Resources, Sink
 from chute.report import Report
 from chute.sources import DatasetSource, FileSource, TableSource
@@ -26,6 +27,7 @@ __all__ = [
     "DataError",
     "DatasetSource",
     "FileSource",
+    "ImageSource",
     "Job",
     "JobStateError",
     "Model",

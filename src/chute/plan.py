@@ -13,14 +13,25 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
 import pyarrow as pa
 
 from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
 from chute.job import BatchFormat, Job, Model, Sink
 from chute.models import AdapterSpec
-from chute.sources import READ_BATCH_ROWS, DatasetSource, Source, Unit, check_columns
-from chute.stages import KEY, skip_marker, tag
+from chute.sources import (
+    READ_BATCH_ROWS,
+    DatasetSource,
+    Source,
+    Unit,
+    UnreadableRows,
+    check_columns,
+)
+from chute.stages import KEY, mark_failed, skip_marker, tag
+
+UNREADABLE = "<input row>"
+"""The error "model" of an input row that could not be decoded (on_bad_input: skip)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,12 @@ class Reader:
     def __call__(self, unit: Unit) -> Iterator[pa.Table]:
         try:
             table = self._conform(self.source.read(unit, self.columns), unit)
+        except UnreadableRows as exc:  # some rows only (an image file): the others go on
+            if not self.skip_bad:
+                raise
+            rows = np.array([row for row, _ in exc.bad], dtype=np.int64)
+            reasons = [DataError(reason) for _, reason in exc.bad]
+            table = mark_failed(self._conform(exc.table, unit), rows, UNREADABLE, reasons)
         except DataError as exc:
             if not self.skip_bad:
                 raise

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import ChuteError, DataError, missing_columns_error
+from chute.errors import ChuteError, ConfigError, DataError, missing_columns_error
 from chute.retry import retrying
 from chute.storage import (
     StorageOptions,
@@ -48,6 +48,25 @@ READ_BATCH_ROWS = 65_536
 """Rows per batch handed downstream by a reader; units are read whole, then sliced."""
 MEMORY_UNIT_ROWS = 262_144
 """Rows per unit for in-memory data."""
+
+
+class UnreadableRows(DataError):
+    """Some rows of a unit cannot be decoded (an image file, say); the others can.
+
+    ``table`` holds every row of the unit (placeholders where bad), ``bad`` the positions
+    and reasons: under ``on_bad_input: skip`` the reader sends the bad rows to the errors
+    dataset and the rest on.
+    """
+
+    def __init__(self, message: str, table: pa.Table, bad: Sequence[tuple[int, str]]) -> None:
+        super().__init__(message)
+        self.table = table
+        self.bad = list(bad)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Across processes (a failed Ray task) it travels as the DataError it is, without
+        the rows: only the reader that caught it needs those."""
+        return (DataError, (str(self),))
 
 
 @dataclass(frozen=True)
@@ -388,9 +407,9 @@ def as_source(data: Any, format: str | None = None) -> Source:
     if isinstance(data, (FileSource, TableSource, DatasetSource)):
         return data
     if isinstance(data, (str, os.PathLike)):
-        return FileSource(os.fspath(data), format)
+        return file_source(os.fspath(data), format)
     if isinstance(data, (list, tuple)) and data and all(isinstance(p, str) for p in data):
-        return FileSource(list(data), format)
+        return file_source(list(data), format)
     if isinstance(data, pa.Table):
         return TableSource(data)
     if isinstance(data, pa.RecordBatch):
@@ -419,6 +438,26 @@ def _table_from_dict(data: dict[str, Any]) -> pa.Table:
         else:
             columns[name] = pa.array(arr)
     return pa.table(columns)
+
+
+def file_source(
+    paths: str | Sequence[str],
+    format: str | None = None,
+    storage: StorageOptions | None = None,
+    **options: Any,
+) -> FileSource:
+    """Files as a source; image files (``format="images"``, or named ``.jpg``/``.png``, or a
+    folder of them) become a :class:`chute.images.ImageSource` taking ``options``."""
+    from chute.images import ImageSource, looks_like_images
+
+    if format == "images" or (format is None and looks_like_images(paths)):
+        return ImageSource(paths, storage=storage, **options)
+    if any(v is not None for v in options.values()):
+        raise ConfigError(
+            f"{', '.join(options)}: options of image inputs, but the input is {format or 'not'} "
+            "images. Set format: images, or leave the options out."
+        )
+    return FileSource(paths, format, storage)
 
 
 def check_columns(schema: pa.Schema, wanted: Sequence[str], where: str) -> None:

@@ -23,6 +23,7 @@ import pyarrow as pa
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import BatchFormat, Model, Preprocess
 from chute.models import AdapterSpec, ReplicaContext
+from chute.models.base import PREPARED
 from chute.oom import is_out_of_memory
 
 KEY = "__chute_key"
@@ -118,6 +119,8 @@ def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
 
 
 def _to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    if isinstance(column.type, pa.FixedShapeTensorType):  # images: (rows, height, width, ch)
+        return np.asarray(column.combine_chunks().to_numpy_ndarray())
     if pa.types.is_fixed_size_list(column.type):
         arr = column.combine_chunks()
         width = column.type.list_size
@@ -215,6 +218,8 @@ class ModelStage:
         self.clock = StageClock()
         target = resolve(model.fn) if target is None else target
         args, kwargs = ctor if ctor is not None else (model.args, dict(model.kwargs))
+        self._prepared: str | None = None
+        """Prefix of the columns an adapter's preparer made for this model."""
         self._fn = self._load(model, target, args, kwargs)
 
     def _load(
@@ -242,6 +247,7 @@ class ModelStage:
     def _load_adapter(self, model: Model, spec: AdapterSpec) -> Callable[[Any], Any]:
         """A built-in adapter gets Arrow batches whatever ``batch_format`` says: it converts."""
         self.batch_format = "pyarrow"
+        self._prepared = f"{PREPARED}{model.name}__"
         try:
             return spec.build(ReplicaContext(model.name, model.resources))
         except ChuteError:
@@ -272,8 +278,19 @@ class ModelStage:
         return table
 
     def _predict(self, view: pa.Table) -> dict[str, pa.Array]:
-        out = self._fn(to_format(view.select(self.inputs), self.batch_format))
+        out = self._fn(to_format(self._model_view(view), self.batch_format))
         return to_columns(out, self.name, view.num_rows, f"model {self.name!r}")
+
+    def _model_view(self, view: pa.Table) -> pa.Table:
+        """The model's input columns, and what its adapter's preparer made for it."""
+        batch = view.select(self.inputs)
+        prefix = self._prepared
+        if prefix is None:
+            return batch
+        for name in view.column_names:
+            if name.startswith(prefix):
+                batch = batch.append_column(PREPARED + name[len(prefix) :], view.column(name))
+        return batch
 
     def _predict_isolating(
         self, view: pa.Table
@@ -455,5 +472,38 @@ class PreprocessStage:
                 table = table.set_column(table.column_names.index(name), name, array)
             else:
                 table = table.append_column(name, array)
+        self.clock.record(time.perf_counter() - started, table.num_rows)
+        return table
+
+
+def preparer(model: Model) -> Callable[[pa.Table], Any] | None:
+    """The CPU step a built-in adapter asks to run before its model stage, if any."""
+    if not isinstance(model.fn, AdapterSpec):
+        return None
+    return model.fn.load_class().preparer(model.name, model.fn.options)
+
+
+class PrepareStage:
+    """An adapter's CPU step (tokenization, image decoding) before its model stage.
+
+    Its columns travel as ``__chute_prepared_<model>__<key>``: the model stage hands them
+    to the adapter, and no writer writes them. A batch the step raises on goes on
+    unprepared: the model stage then prepares it itself, isolating the rows that fail.
+    """
+
+    def __init__(self, model: Model, inputs: Sequence[str], step: Callable[[pa.Table], Any]):
+        self.name = model.name
+        self.inputs = list(inputs)
+        self.step = step
+        self.clock = StageClock()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        started = time.perf_counter()
+        try:
+            out = self.step(table.select(self.inputs))
+        except Exception:
+            return table
+        for key, values in out.items():
+            table = table.append_column(f"{PREPARED}{self.name}__{key}", values)
         self.clock.record(time.perf_counter() - started, table.num_rows)
         return table

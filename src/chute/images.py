@@ -1,0 +1,281 @@
+"""Image files as a source: JPEG and PNG decoded into arrays in the CPU read stage.
+
+An :class:`ImageSource` is a folder, a glob or a list of ``.jpg`` / ``.jpeg`` / ``.png``
+files (``format: images``, or inferred from the names). Its rows are the files, in sorted
+order, and its units are groups of :data:`UNIT_IMAGES` files, so row counts are known at plan
+time from the listing alone. Reading a unit (reader threads locally, read tasks on Ray)
+decodes its files with Pillow into two columns:
+
+- ``path``: the file, a string (name it under ``carryover`` to keep it next to the
+  predictions);
+- ``image``: an Arrow fixed-shape tensor of ``uint8``, ``(height, width, channels)`` per row,
+  with 3 channels for ``mode: RGB`` and 1 for ``mode: L``. A model with ``batch_format:
+  numpy`` receives it as one ``(rows, height, width, channels)`` array.
+
+Every image must have the same shape: give ``size: [height, width]`` to resize them all
+(bilinear, as ``PIL.Image.resize`` with ``Resampling.BILINEAR``), or the first image's shape is
+the shape and an image of another is a data error. Pixels are taken as stored (no EXIF
+rotation); transparency is dropped by the conversion to ``mode``.
+
+An image that cannot be decoded follows ``on_bad_input``: ``fail`` stops the job naming the
+file; ``skip`` writes that one row (with its carryover, such as ``path``) to the errors
+dataset and predicts the rest of its unit.
+
+.. code-block:: yaml
+
+    input: {path: images/, format: images, size: [32, 32], mode: RGB}
+    carryover: [path]
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import ChuteError, ConfigError, DataError
+from chute.retry import retrying
+from chute.sources import FORMATS, FileSource, Unit, UnreadableRows
+
+if TYPE_CHECKING:
+    from chute.storage import StorageOptions
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+UNIT_IMAGES = 256
+"""Files per unit: what one read task decodes, and what the ledger commits at once."""
+MODES = {"RGB": 3, "L": 1}
+"""Pillow modes offered, and the channels each gives."""
+PATH, IMAGE = "path", "image"
+
+ImageMode = Literal["RGB", "L"]
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How image files become arrays.
+
+    >>> ImageOptions(size=(32, 32)).shape((640, 480))
+    (32, 32, 3)
+    """
+
+    size: tuple[int, int] | None = None
+    """``(height, width)`` to resize every image to; ``None`` keeps the files' own size."""
+    mode: ImageMode = "RGB"
+    """``RGB`` (3 channels) or ``L`` (grayscale, 1 channel)."""
+    unit_images: int = UNIT_IMAGES
+    """Files per unit."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(
+                f"image mode {self.mode!r} is not supported: use one of {', '.join(MODES)}."
+            )
+        if self.size is not None:
+            size = tuple(self.size)
+            if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
+                raise ConfigError(
+                    f"image size {list(self.size)!r} is not valid: give [height, width], "
+                    "two positive ints, e.g. size: [224, 224]."
+                )
+            object.__setattr__(self, "size", size)
+        if self.unit_images < 1:
+            raise ConfigError(f"unit_images must be >= 1, got {self.unit_images}.")
+
+    def shape(self, stored: tuple[int, int]) -> tuple[int, int, int]:
+        """The array shape of an image stored as ``(height, width)``."""
+        height, width = self.size if self.size is not None else stored
+        return (height, width, MODES[self.mode])
+
+
+class ImageSource(FileSource):
+    """JPEG / PNG files: a folder, a glob or a list; one row per file.
+
+    >>> ImageSource("photos/", size=(224, 224)).plan()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: str | Sequence[str],
+        size: Sequence[int] | None = None,
+        mode: ImageMode = "RGB",
+        unit_images: int = UNIT_IMAGES,
+        storage: StorageOptions | None = None,
+    ) -> None:
+        super().__init__(path, "images", storage)
+        self.options = ImageOptions(tuple(size) if size is not None else None, mode, unit_images)  # type: ignore[arg-type]
+        self._shape: tuple[int, int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "options": self.options, "_shape": self._shape}
+
+    def files(self) -> list[str]:
+        """The image files, sorted; other files in a folder are left out."""
+        if self._files is None:
+            listed = super().files()
+            self._files = [f for f in listed if is_image(f)]
+            if not self._files:
+                raise DataError(
+                    f"no image files (.jpg, .jpeg, .png) under {', '.join(self.paths)}; found "
+                    f"{len(listed)} other file(s), e.g. {listed[0]!r}."
+                )
+        return self._files
+
+    @property
+    def tensor_shape(self) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of every row: from ``size``, or the first file."""
+        if self._shape is None:
+            first = self.files()[0]
+            self._shape = self.options.shape(self._stored_size(first))
+        return self._shape
+
+    def _stored_size(self, path: str) -> tuple[int, int]:
+        """The first file's height and width, from its header (no decode)."""
+        if self.options.size is not None:
+            return self.options.size
+        image = _open_image(self._bytes(path), path)
+        return image.height, image.width
+
+    def schema(self) -> pa.Schema:
+        return pa.schema(
+            [(PATH, pa.string()), (IMAGE, pa.fixed_shape_tensor(pa.uint8(), self.tensor_shape))]
+        )
+
+    def plan(self) -> list[Unit]:
+        files = self.files()
+        step = self.options.unit_images
+        row_bytes = int(np.prod(self.tensor_shape))
+        units = []
+        for index, start in enumerate(range(0, len(files), step)):
+            group = files[start : start + step]
+            uid = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
+            units.append(
+                Unit(index, uid, len(group), len(group) * row_bytes, group[0], offset=start)
+            )
+        return units
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        """Decode the unit's files; undecodable ones raise :class:`UnreadableRows`."""
+        rows = unit.rows if unit.rows is not None else self.options.unit_images
+        files = self.files()[unit.offset : unit.offset + rows]
+        shape = self.tensor_shape
+        pixels = np.zeros((len(files), *shape), dtype=np.uint8)
+        bad: list[tuple[int, str]] = []
+        for row, path in enumerate(files):
+            try:
+                pixels[row] = self._decode(path, shape)
+            except DataError as exc:
+                bad.append((row, str(exc)))
+        table = self._table(files, pixels, columns)
+        if bad:
+            raise UnreadableRows(
+                f"{bad[0][1]} ({len(bad)} of {len(files)} images in this unit cannot be "
+                "decoded). Replace or remove the file, or set on_bad_input: skip to write "
+                "such images to the errors dataset and go on.",
+                table,
+                bad,
+            )
+        return table
+
+    def _table(
+        self, files: list[str], pixels: np.ndarray, columns: Sequence[str] | None
+    ) -> pa.Table:
+        table = pa.table(
+            {
+                PATH: pa.array(files, pa.string()),
+                IMAGE: pa.FixedShapeTensorArray.from_numpy_ndarray(pixels),
+            }
+        )
+        return (
+            table
+            if columns is None
+            else table.select([c for c in columns if c in table.column_names])
+        )
+
+    def _decode(self, path: str, shape: tuple[int, int, int]) -> np.ndarray:
+        image = _open_image(self._bytes(path), path)
+        try:
+            image = image.convert(self.options.mode)
+            if self.options.size is not None and (image.height, image.width) != shape[:2]:
+                image = image.resize((shape[1], shape[0]), _pil().Resampling.BILINEAR)
+            array = np.asarray(image, dtype=np.uint8)
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DataError(f"cannot decode image {path!r}: {exc}") from exc
+        array = array.reshape(*array.shape[:2], -1)
+        if array.shape != shape:
+            raise DataError(
+                f"image {path!r} is {array.shape[0]}x{array.shape[1]} but the first image is "
+                f"{shape[0]}x{shape[1]}: every row needs one shape. Set size: [height, width] "
+                "to resize them all."
+            )
+        return array
+
+    def _bytes(self, path: str) -> bytes:
+        def load() -> bytes:
+            with self._open(path) as handle:
+                return bytes(handle.read())
+
+        try:
+            return retrying(load, f"reading {path}")
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read image file {path!r}: {exc}") from exc
+
+    def describe(self) -> dict[str, Any]:
+        options = self.options
+        size = list(options.size) if options.size is not None else None
+        return {
+            **super().describe(),
+            "images": {"size": size, "mode": options.mode, "unit_images": options.unit_images},
+        }
+
+
+def _pil() -> Any:
+    """``PIL.Image``, imported on first use."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ConfigError("reading images needs Pillow: pip install 'chute[images]'.") from exc
+    return Image
+
+
+def _open_image(data: bytes, path: str) -> Any:
+    """A lazily decoded Pillow image (header read only), or a DataError naming the file."""
+    image = _pil()
+    try:
+        return image.open(io.BytesIO(data))
+    except image.UnidentifiedImageError as exc:
+        raise DataError(
+            f"cannot decode image {path!r}: not a JPEG or PNG image that Pillow can read."
+        ) from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise DataError(f"cannot decode image {path!r}: {exc}") from exc
+
+
+def is_image(path: str) -> bool:
+    """Whether ``path`` is named like a JPEG or PNG file."""
+    return os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS
+
+
+def looks_like_images(paths: str | Sequence[str]) -> bool:
+    """Whether ``paths`` name image files: by extension, or a local folder holding images
+    and no Parquet, CSV or JSON Lines files. (A remote folder is not listed here: give it
+    ``format: images``.)"""
+    names = [paths] if isinstance(paths, str) else list(paths)
+    if names and all(is_image(p) for p in names):
+        return True
+    if len(names) != 1 or _has_extension(names[0]) or "://" in names[0]:
+        return False
+    try:
+        listed = FileSource(names[0], "parquet").files()  # a format, so nothing is inferred
+    except ChuteError:
+        return False
+    return any(is_image(f) for f in listed) and not any(_has_extension(f) for f in listed)
+
+
+def _has_extension(path: str) -> bool:
+    """Named like a data file chute reads as a table."""
+    return os.path.splitext(path)[1].lower() in FORMATS

@@ -1,0 +1,227 @@
+"""Image sources: JPEG/PNG files decoded with Pillow into fixed-shape tensor rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import yaml
+
+import chute
+from chute.config import job_from_dict, load_job
+from chute.images import UNIT_IMAGES, ImageSource
+from chute.plan import build_plan
+from chute.sources import UnreadableRows, as_source
+from chute.stages import to_format
+
+Image = pytest.importorskip("PIL.Image")
+
+COUNT = 600
+
+
+def _write(folder: Path, count: int, shape: tuple[int, int] = (40, 30), seed: int = 0) -> None:
+    """``count`` random images, alternately PNG and JPEG, plus a file that is no image."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        pixels = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"img{i:04d}.{'png' if i % 2 else 'jpg'}")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("images")
+    _write(folder, COUNT)
+    return folder
+
+
+def _pillow(path: str, mode: str = "RGB", size: tuple[int, int] | None = None) -> np.ndarray:
+    image = Image.open(path).convert(mode)
+    if size is not None:
+        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    array = np.asarray(image)
+    return array.reshape(*array.shape[:2], -1)
+
+
+def _read_all(source: ImageSource) -> pa.Table:
+    return pa.concat_tables([source.read(unit, None) for unit in source.plan()])
+
+
+def _pixels(table: pa.Table) -> np.ndarray:
+    return np.asarray(to_format(table.select(["image"]), "numpy")["image"])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({}, id="as-stored"),
+        pytest.param({"size": (16, 24)}, id="resize"),
+        pytest.param({"mode": "L"}, id="grayscale"),
+        pytest.param({"size": (8, 8), "mode": "L"}, id="resize-grayscale"),
+    ],
+)
+def test_decoding_equals_pillow(images: Path, options: dict[str, Any]) -> None:
+    source = ImageSource(str(images), **options)
+    table = _read_all(source)
+    pixels = _pixels(table)
+    channels = 1 if options.get("mode") == "L" else 3
+    assert pixels.shape == (COUNT, *options.get("size", (40, 30)), channels)
+    assert pixels.dtype == np.uint8
+    assert table.column("path").to_pylist() == sorted(str(p) for p in images.iterdir())
+    for row in (0, 1, 257, COUNT - 1):
+        path = table.column("path")[row].as_py()
+        expected = _pillow(path, options.get("mode", "RGB"), options.get("size"))
+        np.testing.assert_array_equal(pixels[row], expected)
+
+
+def test_units_group_files_and_rows_are_known_from_the_listing(images: Path) -> None:
+    units = ImageSource(str(images)).plan()
+    assert [u.rows for u in units] == [UNIT_IMAGES, UNIT_IMAGES, COUNT - 2 * UNIT_IMAGES]
+    assert units[0].id == f"{images}/img0000.jpg..{images}/img0255.png"
+    small = ImageSource(str(images), unit_images=100).plan()
+    assert len(small) == 6 and sum(u.rows or 0 for u in small) == COUNT
+
+
+def test_schema_is_a_fixed_shape_tensor_and_a_path(images: Path) -> None:
+    schema = ImageSource(str(images), size=(32, 32)).schema()
+    assert schema.names == ["path", "image"]
+    assert schema.field("image").type == pa.fixed_shape_tensor(pa.uint8(), [32, 32, 3])
+
+
+def test_a_folder_a_glob_and_a_list_are_inferred_as_images(images: Path, tmp_path: Path) -> None:
+    files = sorted(str(p) for p in images.glob("*.png"))
+    for data in (str(images), str(images / "*.png"), files[:3]):
+        assert isinstance(as_source(data), ImageSource), data
+    pd.DataFrame({"x": [1]}).to_csv(tmp_path / "a.csv", index=False)
+    Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(tmp_path / "b.png")
+    assert not isinstance(as_source(str(tmp_path)), ImageSource)  # a table beside: not images
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param({"mode": "CMYK"}, "image mode 'CMYK' is not supported", id="mode"),
+        pytest.param({"size": (0, 3)}, "image size [0, 3] is not valid", id="size"),
+    ],
+)
+def test_bad_options_are_config_errors(images: Path, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(chute.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ImageSource(str(images), **options)
+
+
+def test_images_of_another_shape_need_a_size(tmp_path: Path) -> None:
+    _write(tmp_path, 3)
+    Image.fromarray(np.zeros((10, 10, 3), np.uint8)).save(tmp_path / "z.png")
+    source = ImageSource(str(tmp_path))
+    with pytest.raises(UnreadableRows, match=r"z.png' is 10x10 but the first image is 40x30"):
+        _read_all(source)
+    assert _pixels(_read_all(ImageSource(str(tmp_path), size=(5, 5)))).shape == (4, 5, 5, 3)
+
+
+@pytest.fixture
+def corrupt(tmp_path: Path) -> Path:
+    folder = tmp_path / "corrupt"
+    _write(folder, 300)
+    (folder / "img0007.png").write_bytes(b"\x89PNG\r\n\x1a\n but not really")
+    return folder
+
+
+class Brightness:
+    """A tiny image model: the mean pixel of each image, and its size."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        image = batch["image"]
+        assert image.ndim == 4 and image.dtype == np.uint8
+        flat = image.reshape(len(image), -1).astype(np.float64)
+        return {"mean": flat.mean(axis=1), "height": np.full(len(image), image.shape[1])}
+
+
+def _job(data: Path, out: Path, engine: str, **job: Any) -> chute.Job:
+    model = chute.Model("b", Brightness, inputs=("image",), batch_format="numpy")
+    return chute.Job(
+        source=ImageSource(str(data), size=(20, 20)),
+        models=(model,),
+        carryover=("path",),
+        output=chute.Sink(str(out)),
+        engine=engine,  # type: ignore[arg-type]
+        **job,
+    )
+
+
+@pytest.mark.timeout(180)
+def test_a_corrupt_image_fails_the_job_naming_the_file(
+    corrupt: Path, tmp_path: Path, engine: str
+) -> None:
+    with pytest.raises(chute.DataError) as info:
+        _job(corrupt, tmp_path / "out", engine).run()
+    message = str(info.value)
+    assert "cannot decode image" in message and "img0007.png" in message
+    assert "on_bad_input: skip" in message
+
+
+@pytest.mark.timeout(180)
+def test_a_corrupt_image_is_skipped_and_reported_the_rest_predicted(
+    corrupt: Path, tmp_path: Path, engine: str
+) -> None:
+    report = _job(corrupt, tmp_path / "out", engine, on_bad_input="skip").run()
+    out = pd.read_parquet(tmp_path / "out")
+    errors = pd.read_parquet(tmp_path / "out" / "_errors")
+    assert (report.rows_in, report.rows_out, report.rows_failed) == (300, 299, 1)
+    assert list(errors.path) == [str(corrupt / "img0007.png")]
+    assert errors.error_type[0] == "DataError" and "cannot decode image" in errors.error_message[0]
+    assert str(corrupt / "img0007.png") not in set(out.path) and len(set(out.path)) == 299
+
+
+@pytest.mark.timeout(180)
+def test_end_to_end_yaml_job_with_the_path_carried_over(
+    images: Path, tmp_path: Path, engine: str
+) -> None:
+    spec = {
+        "input": {"path": str(images), "format": "images", "size": [20, 20], "mode": "RGB"},
+        "models": [
+            {
+                "name": "b",
+                "fn": f"{__name__}:Brightness",
+                "inputs": ["image"],
+                "batch_format": "numpy",
+                "batch_size": 100,
+            }
+        ],
+        "carryover": ["path"],
+        "output": {"path": str(tmp_path / "out")},
+        "engine": engine,
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    job = load_job(str(tmp_path / "job.yaml"))
+    assert build_plan(job).total_rows == COUNT
+    report = job.run()
+    out = pd.read_parquet(tmp_path / "out").sort_values("path")
+    assert report.rows_out == COUNT and list(out.columns) == ["path", "b_mean", "b_height"]
+    assert list(out.path) == sorted(str(p) for p in images.iterdir())
+    for path, mean in zip(out.path[:5], out.b_mean[:5], strict=True):
+        assert mean == pytest.approx(_pillow(path, size=(20, 20)).astype(np.float64).mean())
+    assert set(out.b_height) == {20}
+
+
+def test_image_options_on_a_table_input_are_refused(tmp_path: Path) -> None:
+    spec = {
+        "input": {"path": str(tmp_path / "x.parquet"), "size": [2, 2]},
+        "models": [{"name": "b", "fn": f"{__name__}:Brightness"}],
+        "output": {"path": str(tmp_path / "out")},
+    }
+    with pytest.raises(chute.ConfigError, match="options of image inputs"):
+        job_from_dict(spec)
+
+
+def test_a_truncated_image_is_an_unreadable_row(tmp_path: Path) -> None:
+    _write(tmp_path, 4)
+    whole = (tmp_path / "img0001.png").read_bytes()
+    (tmp_path / "img0001.png").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UnreadableRows) as info:
+        _read_all(ImageSource(str(tmp_path)))
+    assert [row for row, _ in info.value.bad] == [1]
+    assert "img0001.png" in str(info.value)
