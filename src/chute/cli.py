@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from chute.errors import ChuteError
@@ -32,7 +33,8 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except ChuteError as exc:
-            errors.print(f"[bold red]error:[/] {exc}", highlight=False)
+            # escaped: "pip install 'chute[onnx]'" is not rich markup
+            errors.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             errors.print(

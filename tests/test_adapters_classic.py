@@ -1,0 +1,627 @@
+"""The classic adapters on real models trained here: scikit-learn, XGBoost, LightGBM, ONNX
+(exported with skl2onnx, and built with onnx.helper), Keras 3 on the torch backend.
+
+Each test compares chute's output with the framework called directly on the same rows:
+labels exactly, floats to 1e-5, rows in input order, carryover columns intact.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import chute
+from chute import ConfigError, JobStateError, Model, ModelError, ResourceError
+from chute.cli import main
+from chute.job import Job, Resources, Sink
+from chute.models import ADAPTERS, ReplicaContext, adapter, register
+from chute.models.pickles import is_pickle
+from chute.sources import FileSource
+
+ROWS = 600
+FEATURES = ["x0", "x1", "x2", "x3"]
+INPUTS = ["x0", "x1", "x2", "x3"]
+
+
+@pytest.fixture(scope="module")
+def data() -> dict[str, Any]:
+    """Features, three kinds of target, and carryover columns (an id and a string)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(ROWS, 4))
+    binary = (x[:, 0] + 0.5 * x[:, 1] + rng.normal(scale=0.5, size=ROWS) > 0).astype(np.int64)
+    multi = np.digitize(x[:, 0] + x[:, 2], [-0.7, 0.7]).astype(np.int64)
+    value = 3.0 * x[:, 0] - 2.0 * x[:, 3] + rng.normal(scale=0.1, size=ROWS)
+    table = pa.table(
+        {
+            "id": np.arange(ROWS, dtype=np.int64)[::-1].copy(),
+            "name": [f"row-{i}" for i in range(ROWS)],
+            **{f: x[:, i] for i, f in enumerate(FEATURES)},
+        }
+    )
+    return {"x": x, "binary": binary, "multi": multi, "value": value, "table": table}
+
+
+def run(data: dict[str, Any], spec: Any, engine: str = "local", **model: Any) -> pd.DataFrame:
+    """chute.predict over the in-memory table; carryover id and name."""
+    frame = chute.predict(
+        data["table"],
+        Model("m", spec, inputs=model.pop("inputs", INPUTS), **model),
+        carryover=["id", "name"],
+        engine=engine,  # type: ignore[arg-type]
+    )
+    assert list(frame["id"]) == list(data["table"]["id"].to_pylist())  # order and carryover
+    assert list(frame["name"]) == data["table"]["name"].to_pylist()
+    return frame
+
+
+def lists(column: pd.Series) -> np.ndarray:
+    return np.stack(column.to_numpy())
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, " ".join(result.output.split())
+
+
+# --- scikit-learn ----------------------------------------------------------------------------
+
+
+def _skops(tmp_path: Path, estimator: Any, name: str = "model.skops") -> str:
+    import skops.io
+
+    path = tmp_path / name
+    skops.io.dump(estimator, path)
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_sklearn_binary_classifier_label_and_score_on_both_engines(
+    data: dict[str, Any], tmp_path: Path, engine: str
+) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression().fit(data["x"], data["binary"])
+    frame = run(data, adapter("sklearn", path=_skops(tmp_path, clf)), engine)
+    assert list(frame.columns) == ["id", "name", "m_label", "m_score"]
+    np.testing.assert_array_equal(frame["m_label"], clf.predict(data["x"]))
+    np.testing.assert_allclose(frame["m_score"], clf.predict_proba(data["x"])[:, 1], atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_sklearn_multiclass_probabilities_as_a_float32_list(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.ensemble import RandomForestClassifier
+
+    clf = RandomForestClassifier(n_estimators=10, random_state=0).fit(data["x"], data["multi"])
+    frame = run(data, adapter("sklearn", path=_skops(tmp_path, clf)))
+    proba = clf.predict_proba(data["x"])
+    np.testing.assert_array_equal(frame["m_label"], clf.predict(data["x"]))
+    np.testing.assert_allclose(lists(frame["m_proba"]), proba, atol=1e-5)
+    np.testing.assert_allclose(frame["m_score"], proba.max(axis=1), atol=1e-5)
+    table = chute.Job(
+        chute.TableSource(data["table"]),
+        [Model("m", adapter("sklearn", path=_skops(tmp_path, clf)), inputs=INPUTS)],
+    ).run()
+    assert table.result is not None
+    assert table.result.schema.field("m_proba").type == pa.list_(pa.float32(), 3)
+
+
+@pytest.mark.timeout(60)
+def test_sklearn_string_labels_threshold_and_renamed_outputs(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    names = np.array(["no", "yes"])[data["binary"]]
+    clf = LogisticRegression().fit(data["x"], names)
+    spec = adapter("sklearn", path=_skops(tmp_path, clf), threshold=0.8, outputs={"score": "p_yes"})
+    frame = run(data, spec)
+    p_yes = clf.predict_proba(data["x"])[:, 1]
+    assert list(frame.columns) == ["id", "name", "m_label", "m_p_yes"]
+    np.testing.assert_array_equal(frame["m_label"], np.where(p_yes >= 0.8, "yes", "no"))
+    np.testing.assert_allclose(frame["m_p_yes"], p_yes, atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_sklearn_regressor_pipeline_fitted_on_a_dataframe_gets_columns_by_name(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    frame_x = pd.DataFrame(data["x"], columns=FEATURES)
+    reg = make_pipeline(StandardScaler(), Ridge()).fit(frame_x, data["value"])
+    # the inputs in another order than the fit: columns are picked by name
+    frame = run(data, adapter("sklearn", path=_skops(tmp_path, reg)), inputs=FEATURES[::-1])
+    assert list(frame.columns) == ["id", "name", "m_value"]
+    np.testing.assert_allclose(frame["m_value"], reg.predict(frame_x), atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param("decision_function", id="decision"), pytest.param("transform", id="transform")],
+)
+def test_sklearn_decision_function_and_transform(
+    data: dict[str, Any], tmp_path: Path, method: str
+) -> None:
+    from sklearn.decomposition import PCA
+    from sklearn.svm import LinearSVC
+
+    x = data["x"]
+    if method == "transform":
+        est = PCA(n_components=2).fit(x)
+        frame = run(data, adapter("sklearn", path=_skops(tmp_path, est), method=method))
+        np.testing.assert_allclose(lists(frame["m_features"]), est.transform(x), atol=1e-5)
+        return
+    est = LinearSVC().fit(x, data["multi"])
+    frame = run(data, adapter("sklearn", path=_skops(tmp_path, est), method=method))
+    np.testing.assert_array_equal(frame["m_label"], est.predict(x))
+    np.testing.assert_allclose(lists(frame["m_scores"]), est.decision_function(x), atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_skops_types_outside_sklearn_must_be_listed_in_trusted(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.preprocessing import FunctionTransformer
+
+    from tests.adapters_helpers import shifted
+
+    est = FunctionTransformer(shifted).fit(data["x"])
+    path = _skops(tmp_path, est)
+    name = "tests.adapters_helpers.shifted"
+    with pytest.raises(ConfigError, match=rf"not trusted: {name}.*trusted: \[{name}\]"):
+        run(data, adapter("sklearn", path=path, method="transform"))
+    frame = run(data, adapter("sklearn", path=path, method="transform", trusted=[name]))
+    np.testing.assert_allclose(lists(frame["m_features"]), data["x"] + 1.0, atol=1e-5)
+
+
+# --- untrusted pickles --------------------------------------------------------------------------
+
+
+def _pickled(tmp_path: Path, obj: Any, name: str) -> str:
+    import joblib
+
+    path = tmp_path / name
+    joblib.dump(obj, path)
+    return str(path)
+
+
+@pytest.mark.timeout(60)
+def test_pickle_is_refused_before_anything_runs_with_the_risk_and_safe_formats(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression().fit(data["x"], data["binary"])
+    out = tmp_path / "out"
+    job = Job(
+        FileSource(str(_parquet(tmp_path, data))),
+        [Model("clf", adapter("sklearn", path=_pickled(tmp_path, clf, "clf.pkl")), inputs=INPUTS)],
+        output=Sink(str(out)),
+    )
+    with pytest.raises(ConfigError) as info:
+        job.run()
+    text = str(info.value)
+    assert "model 'clf'" in text and "clf.pkl" in text
+    assert "arbitrary code" in text
+    for safe in ("skops", "ONNX", "XGBoost .json", "LightGBM .txt", "safetensors", "TorchScript"):
+        assert safe in text
+    assert "trust_pickle: true" in text and "--trust-pickle" in text
+    assert not out.exists()  # refused at plan time: nothing written, nothing loaded
+
+    frame = run(data, adapter("sklearn", path=job.models[0].fn.options["path"], trust_pickle=True))
+    np.testing.assert_array_equal(frame["m_label"], clf.predict(data["x"]))
+
+
+@pytest.mark.timeout(60)
+def test_any_file_that_is_a_pickle_is_refused_whatever_its_name(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    import xgboost
+
+    wrapper = xgboost.XGBClassifier(n_estimators=5, max_depth=2).fit(data["x"], data["binary"])
+    path = _pickled(tmp_path, wrapper, "booster.bin")  # no telling suffix: sniffed
+    assert is_pickle(path)
+    with pytest.raises(ConfigError, match="is a pickle/joblib file"):
+        run(data, adapter("xgboost", path=path))
+    frame = run(data, adapter("xgboost", path=path, trust_pickle=True))
+    np.testing.assert_array_equal(frame["m_label"], wrapper.predict(data["x"]))
+    np.testing.assert_allclose(frame["m_score"], wrapper.predict_proba(data["x"])[:, 1], atol=1e-5)
+
+
+def test_pickle_sniffing_does_not_flag_safe_formats(tmp_path: Path) -> None:
+    header = (0x0580).to_bytes(8, "little")  # a safetensors header length starting 0x80 0x05
+    (tmp_path / "w.safetensors").write_bytes(header + b"{}")
+    (tmp_path / "w.bin").write_bytes(header + b"{}")
+    (tmp_path / "model.json").write_text("{}")
+    assert not is_pickle(str(tmp_path / "w.safetensors"))
+    assert not is_pickle(str(tmp_path / "w.bin"))
+    assert not is_pickle(str(tmp_path / "model.json"))
+    assert is_pickle(str(tmp_path / "model.joblib.gz"))
+
+
+# --- boosters -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("objective", "target", "suffix"),
+    [
+        pytest.param("binary:logistic", "binary", "json", id="binary-json"),
+        pytest.param("multi:softprob", "multi", "ubj", id="multiclass-ubj"),
+        pytest.param("reg:squarederror", "value", "json", id="regression-json"),
+    ],
+)
+def test_xgboost_native_files(
+    data: dict[str, Any], tmp_path: Path, objective: str, target: str, suffix: str
+) -> None:
+    import xgboost
+
+    params: dict[str, Any] = {"objective": objective, "max_depth": 3, "nthread": 1}
+    if target == "multi":
+        params["num_class"] = 3
+    train = xgboost.DMatrix(data["x"], label=data[target])
+    booster = xgboost.train(params, train, num_boost_round=8)
+    path = tmp_path / f"model.{suffix}"
+    booster.save_model(path)
+    frame = run(data, adapter("xgboost", path=str(path)))
+    direct = booster.predict(xgboost.DMatrix(data["x"]))
+    if target == "binary":
+        np.testing.assert_allclose(frame["m_score"], direct, atol=1e-5)
+        np.testing.assert_array_equal(frame["m_label"], (direct > 0.5).astype(int))
+    elif target == "multi":
+        np.testing.assert_allclose(lists(frame["m_proba"]), direct, atol=1e-5)
+        np.testing.assert_array_equal(frame["m_label"], direct.argmax(axis=1))
+    else:
+        assert list(frame.columns) == ["id", "name", "m_value"]
+        np.testing.assert_allclose(frame["m_value"], direct, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("objective", "target"),
+    [
+        pytest.param("binary", "binary", id="binary"),
+        pytest.param("multiclass", "multi", id="multiclass"),
+        pytest.param("regression", "value", id="regression"),
+    ],
+)
+def test_lightgbm_native_files_on_both_engines(
+    data: dict[str, Any], tmp_path: Path, objective: str, target: str, engine: str
+) -> None:
+    import lightgbm
+
+    params: dict[str, Any] = {"objective": objective, "verbose": -1, "num_threads": 1}
+    if target == "multi":
+        params["num_class"] = 3
+    names = ["a", "b", "c", "d"]
+    train = lightgbm.Dataset(pd.DataFrame(data["x"], columns=names), label=data[target])
+    booster = lightgbm.train(params, train, num_boost_round=8)
+    booster.save_model(tmp_path / "model.txt")
+    spec = adapter("lightgbm", path=str(tmp_path / "model.txt"), classes=["lo", "mid", "hi"])
+    if target != "multi":
+        spec = adapter("lightgbm", path=str(tmp_path / "model.txt"))
+    frame = run(data, spec, engine)  # the file's names (a..d) are not columns: by position
+    direct = booster.predict(data["x"])
+    if target == "binary":
+        np.testing.assert_allclose(frame["m_score"], direct, atol=1e-5)
+        np.testing.assert_array_equal(frame["m_label"], (direct > 0.5).astype(int))
+    elif target == "multi":
+        np.testing.assert_allclose(lists(frame["m_proba"]), direct, atol=1e-5)
+        labels = np.array(["lo", "mid", "hi"])[direct.argmax(axis=1)]
+        np.testing.assert_array_equal(frame["m_label"], labels)
+    else:
+        np.testing.assert_allclose(frame["m_value"], direct, atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_booster_features_matched_by_name_and_width_checked(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    import xgboost
+
+    train = xgboost.DMatrix(data["x"], label=data["value"], feature_names=FEATURES)
+    booster = xgboost.train({"nthread": 1}, train, num_boost_round=4)
+    booster.save_model(tmp_path / "m.json")
+    frame = run(data, adapter("xgboost", path=str(tmp_path / "m.json")), inputs=FEATURES[::-1])
+    direct = booster.predict(xgboost.DMatrix(data["x"], feature_names=FEATURES))
+    np.testing.assert_allclose(frame["m_value"], direct, atol=1e-5)
+    with pytest.raises(ModelError, match="expects 4 features but the model's inputs give 2"):
+        run(data, adapter("xgboost", path=str(tmp_path / "m.json")), inputs=["x0", "x1"])
+
+
+# --- ONNX ---------------------------------------------------------------------------------------
+
+
+def _onnx_classifier(data: dict[str, Any], tmp_path: Path, zipmap: bool) -> tuple[Any, str]:
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(max_iter=500).fit(data["x"], data["multi"])
+    onx = to_onnx(clf, data["x"][:1].astype(np.float32), options={"zipmap": zipmap})
+    path = tmp_path / ("zipmap.onnx" if zipmap else "clf.onnx")
+    path.write_bytes(onx.SerializeToString())
+    return clf, str(path)
+
+
+def _parquet(tmp_path: Path, data: dict[str, Any]) -> Path:
+    """The table in two Parquet files (two units)."""
+    folder = tmp_path / "input"
+    folder.mkdir(exist_ok=True)
+    table = data["table"]
+    pq.write_table(table.slice(0, ROWS // 2), folder / "a.parquet")
+    pq.write_table(table.slice(ROWS // 2), folder / "b.parquet")
+    return folder
+
+
+@pytest.mark.timeout(180)
+def test_onnx_from_skl2onnx_in_a_yaml_job_with_chute_run(
+    data: dict[str, Any], tmp_path: Path, engine: str
+) -> None:
+    import onnxruntime
+
+    clf, path = _onnx_classifier(data, tmp_path, zipmap=False)
+    _parquet(tmp_path, data)
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent(
+            """\
+            input: input/
+            carryover: [id, name]
+            models:
+              - name: clf
+                model:
+                  type: onnx
+                  path: clf.onnx
+                  outputs: {probabilities: proba}
+                inputs: [x0, x1, x2, x3]
+            output: out/
+            """
+        )
+    )
+    code, text = invoke("run", str(tmp_path / "job.yaml"), "--engine", engine, "-q")
+    assert code == 0, text
+    result = pq.read_table(tmp_path / "out").sort_by("id").to_pandas()
+    expected = data["table"].sort_by("id").to_pandas()
+    assert list(result.columns) == ["id", "name", "clf_label", "clf_proba"]
+    assert list(result["name"]) == list(expected["name"])
+    x = expected[FEATURES].to_numpy(np.float32)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    label, proba = session.run(None, {session.get_inputs()[0].name: x})
+    np.testing.assert_array_equal(result["clf_label"], label)
+    np.testing.assert_allclose(lists(result["clf_proba"]), proba, atol=1e-5)
+    np.testing.assert_allclose(lists(result["clf_proba"]), clf.predict_proba(x), atol=1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_onnx_zipmap_output_and_graph_names(data: dict[str, Any], tmp_path: Path) -> None:
+    clf, path = _onnx_classifier(data, tmp_path, zipmap=True)
+    frame = run(data, adapter("onnx", path=path))
+    assert list(frame.columns) == ["id", "name", "m_output_label", "m_output_probability"]
+    x = data["x"].astype(np.float32)
+    np.testing.assert_array_equal(frame["m_output_label"], clf.predict(x))
+    np.testing.assert_allclose(
+        lists(frame["m_output_probability"]), clf.predict_proba(x), atol=1e-4
+    )
+    dropped = run(data, adapter("onnx", path=path, outputs={"output_probability": None}))
+    assert list(dropped.columns) == ["id", "name", "m_output_label"]
+    with pytest.raises(ConfigError, match=r"no output 'output_proba'.*Did you mean"):
+        run(data, adapter("onnx", path=path, outputs={"output_proba": "p"}))
+
+
+def _two_input_graph(path: Path) -> None:
+    """out = a * 2 + b: a is [N, 2], b is [N, 1]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["a", "two"], ["doubled"]),
+            helper.make_node("Add", ["doubled", "b"], ["out:0"]),
+        ],
+        "two_inputs",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 1]),
+        ],
+        [helper.make_tensor_value_info("out:0", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+@pytest.mark.timeout(60)
+def test_onnx_named_inputs_from_feeds(data: dict[str, Any], tmp_path: Path) -> None:
+    _two_input_graph(tmp_path / "two.onnx")
+    spec = adapter("onnx", path=str(tmp_path / "two.onnx"), feeds={"a": ["x0", "x1"], "b": "x3"})
+    frame = run(data, spec, inputs=["x0", "x1", "x3"])
+    x = data["x"].astype(np.float32)
+    expected = x[:, :2] * 2 + x[:, 3:4]
+    np.testing.assert_allclose(lists(frame["m_out_0"]), expected, atol=1e-5)
+    with pytest.raises(ModelError, match="graph input 'a' needs column"):
+        run(data, adapter("onnx", path=str(tmp_path / "two.onnx")), inputs=["x0", "x1", "x3"])
+
+
+def test_onnx_gpu_request_without_cuda_provider_fails_clearly(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    import onnxruntime
+
+    from chute.models.onnx import OnnxAdapter
+
+    _, path = _onnx_classifier(data, tmp_path, zipmap=False)
+    context = ReplicaContext("clf", Resources(cpus=1, gpus=1))
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: the GPU path is tested on a GPU")
+    with pytest.raises(ResourceError, match=r"no CUDAExecutionProvider.*onnxruntime-gpu"):
+        OnnxAdapter(context, path=path)
+    cpu = OnnxAdapter(ReplicaContext("clf", Resources(cpus=1)), path=path)
+    assert cpu.session.get_providers() == ["CPUExecutionProvider"]
+    assert cpu.session.get_session_options().intra_op_num_threads == 1
+
+
+# --- Keras ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_keras_model_on_the_torch_backend_without_tensorflow(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from chute.models.keras import import_keras
+
+    keras = import_keras()
+    if not os.environ.get("KERAS_BACKEND"):
+        pytest.fail("import_keras chose no backend")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.save(tmp_path / "m.keras")
+    direct = np.asarray(model.predict_on_batch(data["x"].astype(np.float32)))
+    frame = run(data, adapter("keras", path=str(tmp_path / "m.keras"), head="classifier"))
+    np.testing.assert_allclose(lists(frame["m_proba"]), direct, atol=1e-5)
+    np.testing.assert_array_equal(frame["m_label"], direct.argmax(axis=1))
+    raw = run(data, adapter("keras", path=str(tmp_path / "m.keras")))
+    np.testing.assert_allclose(lists(raw["m_value"]), direct, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_keras_backend_is_chosen_without_tensorflow(tmp_path: Path) -> None:
+    """In a fresh process with no KERAS_BACKEND: the torch backend when TF and JAX are absent."""
+    script = (
+        "import importlib.util, json\n"
+        "from chute.models.keras import import_keras\n"
+        "k = import_keras()\n"
+        "print(json.dumps([k.backend.backend(), importlib.util.find_spec('tensorflow') is None,"
+        " importlib.util.find_spec('jax') is None]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    backend, no_tf, no_jax = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    if no_tf and no_jax:
+        assert backend == "torch"
+
+
+# --- job files, validation, fingerprints --------------------------------------------------------
+
+
+def _job(tmp_path: Path, model: str, name: str = "job.yaml") -> Path:
+    (tmp_path / name).write_text(
+        "input: input/\ncarryover: [id]\nmodels:\n  - name: clf\n"
+        f"    model: {model}\n    inputs: [x0, x1, x2, x3]\noutput: out/\n"
+    )
+    return tmp_path / name
+
+
+@pytest.mark.timeout(120)
+def test_trust_pickle_flag_on_validate_and_run(data: dict[str, Any], tmp_path: Path) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression().fit(data["x"], data["binary"])
+    _pickled(tmp_path, clf, "clf.joblib")
+    _parquet(tmp_path, data)
+    job = _job(tmp_path, "{type: sklearn, path: clf.joblib}")
+    code, text = invoke("validate", str(job))
+    assert code == 2 and "is a pickle/joblib file" in text and "--trust-pickle" in text
+    code, text = invoke("run", str(job), "-q")
+    assert code == 2 and "arbitrary code" in text
+    assert not (tmp_path / "out").exists()
+    code, text = invoke("validate", str(job), "--trust-pickle")
+    assert code == 0, text
+    code, text = invoke("run", str(job), "--trust-pickle", "-q")
+    assert code == 0, text
+    result = pq.read_table(tmp_path / "out").sort_by("id").to_pandas()
+    x = data["table"].sort_by("id").to_pandas()[FEATURES].to_numpy()
+    np.testing.assert_array_equal(result["clf_label"], clf.predict(x))
+    trusted = _job(tmp_path, "{type: sklearn, path: clf.joblib, trust_pickle: true}", "t.yaml")
+    assert invoke("validate", str(trusted))[0] == 0
+
+
+@pytest.mark.timeout(60)
+def test_job_file_errors_name_the_type_option_and_missing_extra(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    _skops(tmp_path, LogisticRegression().fit(data["x"], data["binary"]), "clf.skops")
+    _parquet(tmp_path, data)
+    code, text = invoke("validate", str(_job(tmp_path, "{type: sklaern, path: clf.skops}")))
+    assert code == 2 and "unknown model type 'sklaern'" in text and "Did you mean 'sklearn'" in text
+    code, text = invoke(
+        "validate", str(_job(tmp_path, "{type: sklearn, path: clf.skops, methd: x}"))
+    )
+    assert code == 2 and "no option 'methd'" in text and "Did you mean 'method'" in text
+    code, text = invoke("validate", str(_job(tmp_path, "{type: sklearn, path: nope.skops}")))
+    assert code == 2 and "nope.skops" in text and "does not exist" in text
+    code, text = invoke("validate", str(_job(tmp_path, "{path: clf.skops}")))
+    assert code == 2 and "needs type" in text
+    register("fakefw", "chute.models.sklearn:SklearnAdapter", "chute_no_such_framework", "fakefw")
+    try:
+        code, text = invoke("validate", str(_job(tmp_path, "{type: fakefw, path: clf.skops}")))
+    finally:
+        del ADAPTERS["fakefw"]
+    assert code == 2
+    assert "needs chute_no_such_framework, which is not installed" in text
+    assert "pip install 'chute[fakefw]'" in text
+    code, text = invoke("validate", str(_job(tmp_path, "{type: sklearn, path: clf.skops}")))
+    assert code == 0, text
+
+
+@pytest.mark.timeout(120)
+def test_a_changed_model_file_is_a_changed_job(data: dict[str, Any], tmp_path: Path) -> None:
+    import xgboost
+
+    def save(rounds: int) -> None:
+        train = xgboost.DMatrix(data["x"], label=data["value"])
+        xgboost.train({"nthread": 1}, train, num_boost_round=rounds).save_model(tmp_path / "m.json")
+
+    save(3)
+    _parquet(tmp_path, data)
+    job = _job(tmp_path, "{type: xgboost, path: m.json}")
+    assert invoke("run", str(job), "-q")[0] == 0
+    assert invoke("run", str(job), "-q")[0] == 0  # the same job again: nothing to redo
+    save(5)
+    code, text = invoke("run", str(job), "-q")
+    assert code == JobStateError.exit_code, text
+    assert "different job" in text
+
+
+def test_import_chute_and_validate_import_no_framework(
+    tmp_path: Path, data: dict[str, Any]
+) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    _skops(tmp_path, LogisticRegression().fit(data["x"], data["binary"]), "clf.skops")
+    _parquet(tmp_path, data)
+    job = _job(tmp_path, "{type: sklearn, path: clf.skops}")
+    script = (
+        "import sys\n"
+        "from chute.cli import main\n"
+        f"main(['validate', {str(job)!r}], standalone_mode=False)\n"
+        "heavy = ['sklearn', 'skops', 'xgboost', 'lightgbm', 'onnxruntime', 'keras', 'torch']\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
