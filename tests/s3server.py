@@ -68,7 +68,9 @@ class MotoS3:
         self._post("/moto-api/reset-auth", b"0" if on else b"inf")
 
     def _post(self, path: str, data: bytes) -> None:
-        request = urllib.request.Request(self.endpoint + path, data=data, method="POST")
+        request = urllib.request.Request(
+            self.endpoint + path, data=data, method="POST", headers={"Content-Type": "text/plain"}
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             response.read()
 

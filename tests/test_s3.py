@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -156,3 +157,112 @@ def test_job_reads_from_and_writes_to_the_bucket(
     ]
     assert sorted(e["index"] for e in entries) == list(range(UNITS))
     assert read_json(moto_s3, "bucket", "out/_chute/report.json")["rows_out"] == UNITS * ROWS
+
+
+@pytest.mark.timeout(60)
+def test_status_and_report_on_an_s3_output(s3: FaultProxy, moto_s3: MotoS3) -> None:
+    upload(moto_s3, "parquet")
+    _job("s3://bucket/in/", "s3://bucket/out", "local").run()
+    runner = CliRunner(env={"COLUMNS": "200", "AWS_ENDPOINT_URL": s3.endpoint})
+    status = runner.invoke(main, ["status", "s3://bucket/out"], catch_exceptions=False)
+    assert status.exit_code == 0, status.output
+    text = " ".join(status.output.replace("│", " ").split())
+    assert f"units committed {UNITS} of {UNITS}" in text
+    assert f"rows committed {UNITS * ROWS:,}" in text
+    assert "finished yes" in text
+    report = runner.invoke(main, ["report", "s3://bucket/out"], catch_exceptions=False)
+    assert report.exit_code == 0, report.output
+    assert f"{UNITS * ROWS:,}" in report.output
+    assert "out/_chute/report.html" in list_keys(moto_s3, "bucket", "out/_chute/")
+
+
+@pytest.mark.timeout(60)
+def test_resume_on_s3_computes_only_uncommitted_units(s3: FaultProxy, moto_s3: MotoS3) -> None:
+    upload(moto_s3, "parquet")
+    _job("s3://bucket/in/", "s3://bucket/out", "local").run()
+    fs, root = resolve("s3://bucket/out")
+    ledger = Ledger(fs, root)
+    entries = ledger.read_entries()
+    # forget two units: their parts stay behind as orphans, the ledger no longer names them
+    lost = [e for e in entries.values() if e["index"] in (1, 4)]
+    client = moto_s3.client()
+    for key in list_keys(moto_s3, "bucket", "out/_chute/ledger/"):
+        client.delete_object(Bucket="bucket", Key=key)
+    client.delete_object(Bucket="bucket", Key="out/_SUCCESS")
+    kept = [e for e in entries.values() if e not in lost]
+    blob = "".join(json.dumps(e) + "\n" for e in kept).encode()
+    put_objects(moto_s3, "bucket", {"out/_chute/ledger/00000000-aaaaaaaa.jsonl": blob})
+    report = _job("s3://bucket/in/", "s3://bucket/out", "local").run()
+    assert (report.units_skipped, report.units_done) == (UNITS - 2, 2)
+    check_exactly_once(moto_s3, "out")
+
+
+# --------------------------------------------------------------------------- 2. retries
+
+
+@pytest.mark.timeout(240)
+def test_transient_faults_are_retried_and_the_output_is_exactly_once(
+    s3: FaultProxy, moto_s3: MotoS3, engine: str
+) -> None:
+    upload(moto_s3, "parquet", units=12)
+    s3.inject(slow_down=0.06, internal=0.04, drop=0.04)
+    report = _job("s3://bucket/in/", "s3://bucket/out", engine).run()
+    faults = dict(s3.faults)
+    s3.inject()
+    assert report.rows_out == 12 * ROWS
+    assert sum(faults.values()) >= 5 and set(faults) == {"503", "500", "drop"}, faults
+    check_exactly_once(moto_s3, "out", units=12)
+    print(f"faults injected and survived: {faults}; requests: {dict(s3.counts)}")
+
+
+# --------------------------------------------------------------------------- 3. permanent
+
+
+def _never(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise AssertionError("the model ran: the error should have come before any compute")
+
+
+def _failing_job(source: str, out: str) -> chute.Job:
+    model = chute.Model("m", _never, inputs=("x",), batch_format="numpy")
+    return chute.Job(chute.FileSource(source), (model,), output=chute.Sink(out), engine="local")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("side", ["input", "output"])
+def test_a_missing_bucket_fails_at_planning_naming_it(
+    s3: FaultProxy, moto_s3: MotoS3, side: str
+) -> None:
+    upload(moto_s3, "parquet", units=1)
+    source = "s3://no-such-bucket/in/" if side == "input" else "s3://bucket/in/"
+    out = "s3://no-such-bucket/out" if side == "output" else "s3://bucket/out"
+    with pytest.raises(ConfigError) as info:
+        _failing_job(source, out).run()
+    text = str(info.value)
+    assert f"the {side} bucket 'no-such-bucket'" in text and "does not exist" in text
+    assert "create the bucket" in text
+    assert s3.counts["PUT"] == 0  # nothing was written anywhere
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("side", ["input", "output"])
+def test_refused_credentials_fail_at_planning_naming_the_fix(
+    s3: FaultProxy, moto_s3: MotoS3, side: str, tmp_path: Path
+) -> None:
+    upload(moto_s3, "parquet", units=1)
+    pq.write_table(_table(0), tmp_path / "local.parquet")
+    bad = "s3://AKIAWRONGKEY:wrong-secret@bucket"
+    source = f"{bad}/in/" if side == "input" else str(tmp_path / "local.parquet")
+    out = f"{bad}/out" if side == "output" else str(tmp_path / "out")
+    moto_s3.require_auth(True)  # moto now checks keys against its IAM: this one is unknown
+    try:
+        with pytest.raises(ConfigError) as info:
+            _failing_job(source, out).run()
+    finally:
+        moto_s3.require_auth(False)
+    text = str(info.value)
+    assert f"cannot reach the {side} bucket 'bucket'" in text, text
+    assert "InvalidAccessKeyId" in text or "INVALID_ACCESS_KEY_ID" in text, text
+    assert "credentials were refused" in text and "AWS_ACCESS_KEY_ID" in text
+    assert "wrong-secret" not in text  # the secret is never shown
+    assert s3.counts["PUT"] == 0
+    assert not (tmp_path / "out").exists()

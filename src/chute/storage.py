@@ -289,12 +289,22 @@ def check(path: str, storage: StorageOptions | None = None, what: str = "input")
     try:
         info = fs.get_file_info(bucket)
     except OSError as exc:
-        raise storage_error(exc, path, what, storage) from exc
+        raise storage_error(_detailed(fs, root, exc), path, what, storage) from exc
     if info.type == pafs.FileType.NotFound:
         raise ConfigError(
             f"the {what} bucket {bucket!r} ({redact(path)}) does not exist"
             f"{_where(storage)}. Check the bucket name, or create the bucket first."
         )
+
+
+def _detailed(fs: pafs.FileSystem, root: str, exc: OSError) -> OSError:
+    """A HEAD request's error has no body ("access denied" for a bad key too): a listing's
+    error says which (unknown key, bad signature, denied)."""
+    try:
+        fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError as listing:
+        return listing
+    return exc
 
 
 def storage_error(
@@ -316,7 +326,8 @@ def storage_error(
             "Access was denied: give these credentials read (input) or write (output) "
             "access to the bucket, or use s3://anonymous@bucket/… for public data."
         )
-    return ConfigError(f"cannot reach {where}{_where(storage)}: {redact(text)}. {fix}")
+    reason = redact(text).rstrip(". ")
+    return ConfigError(f"cannot reach {where}{_where(storage)}: {reason}. {fix}")
 
 
 def _where(storage: StorageOptions | None) -> str:
