@@ -458,6 +458,47 @@ def test_onnx_named_inputs_from_feeds(data: dict[str, Any], tmp_path: Path) -> N
         run(data, adapter("onnx", path=str(tmp_path / "two.onnx")), inputs=["x0", "x1", "x3"])
 
 
+def _image_graph(path: Path) -> None:
+    """total = sum of a [N, 1, 2, 2] image; scaled = the image times 3 (same shape)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["image", "axes"], ["total"], keepdims=1),
+            helper.make_node("Mul", ["image", "three"], ["scaled"]),
+        ],
+        "image",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 2, 2])],
+        [
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N", 1, 1, 1]),
+            helper.make_tensor_value_info("scaled", TensorProto.FLOAT, ["N", 1, 2, 2]),
+        ],
+        [
+            helper.make_tensor("axes", TensorProto.INT64, [3], [1, 2, 3]),
+            helper.make_tensor("three", TensorProto.FLOAT, [1], [3.0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+@pytest.mark.timeout(60)
+def test_onnx_list_column_reshaped_to_the_input_shape(data: dict[str, Any], tmp_path: Path) -> None:
+    _image_graph(tmp_path / "image.onnx")
+    x = data["x"].astype(np.float32)
+    pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 4)
+    table = data["table"].append_column("pixels", pixels)
+    frame = run(
+        {**data, "table": table},
+        adapter("onnx", path=str(tmp_path / "image.onnx")),
+        inputs=["pixels"],
+    )
+    np.testing.assert_allclose(frame["m_total"], x.sum(axis=1), atol=1e-5)  # (N,1,1,1) → plain
+    np.testing.assert_allclose(lists(frame["m_scaled"]), x * 3, atol=1e-5)  # flattened per row
+
+
 def test_onnx_gpu_request_without_cuda_provider_fails_clearly(
     data: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -503,6 +544,27 @@ def test_keras_model_on_the_torch_backend_without_tensorflow(
     np.testing.assert_array_equal(frame["m_label"], direct.argmax(axis=1))
     raw = run(data, adapter("keras", path=str(tmp_path / "m.keras")))
     np.testing.assert_allclose(lists(raw["m_value"]), direct, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_keras_two_inputs_from_feeds_and_two_outputs(data: dict[str, Any], tmp_path: Path) -> None:
+    from chute.models.keras import import_keras
+
+    keras = import_keras()
+    a, b = keras.Input((2,), name="a"), keras.Input((1,), name="b")
+    joined = keras.layers.Concatenate()([a, b])
+    model = keras.Model(
+        [a, b],
+        [keras.layers.Dense(1, name="price")(joined), keras.layers.Dense(2, name="emb")(joined)],
+    )
+    model.save(tmp_path / "two.keras")
+    x = data["x"].astype(np.float32)
+    price, emb = model.predict_on_batch([x[:, :2], x[:, 3:4]])
+    spec = adapter("keras", path=str(tmp_path / "two.keras"), feeds={"a": ["x0", "x1"], "b": "x3"})
+    frame = run(data, spec, inputs=["x0", "x1", "x3"])
+    assert list(frame.columns) == ["id", "name", "m_price", "m_emb"]
+    np.testing.assert_allclose(frame["m_price"], np.asarray(price)[:, 0], atol=1e-5)
+    np.testing.assert_allclose(lists(frame["m_emb"]), np.asarray(emb), atol=1e-5)
 
 
 @pytest.mark.timeout(120)

@@ -51,6 +51,8 @@ class _Booster(FileAdapter):
     OUTPUTS: ClassVar[tuple[str, ...]] = BOOSTER_OUTPUTS
     task: str = "value"
     """``binary``, ``multiclass``, ``softmax`` (labels only) or ``value``."""
+    dtype: Any = np.float64
+    """What the framework compares thresholds in: a cast must not move a row across one."""
 
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> None:
@@ -79,7 +81,7 @@ class _Booster(FileAdapter):
         raise NotImplementedError
 
     def predict(self, batch: pa.Table) -> dict[str, Any]:
-        features = feature_matrix(ordered_by_names(batch, self._names()), np.float32)
+        features = feature_matrix(ordered_by_names(batch, self._names()), self.dtype)
         out = np.asarray(self._raw(features))
         if self.task == "binary":
             threshold = self.threshold if self.threshold is not None else self._cut()
@@ -100,6 +102,7 @@ class XGBoostAdapter(_Booster):
 
     kind: ClassVar[str] = "xgboost"
     extra: ClassVar[str | None] = "xgboost"
+    dtype = np.float32  # XGBoost splits on float32 values
 
     def _from_file(self) -> None:
         import xgboost

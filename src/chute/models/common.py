@@ -213,10 +213,10 @@ def check_choice(kind: str, option: str, value: Any, choices: Sequence[str]) -> 
 def squeeze_columns(values: np.ndarray) -> np.ndarray:
     """A tensor output as a column: ``(n, 1)`` → ``(n,)``, ``(n, a, b, ...)`` → ``(n, a*b*...)``."""
     values = np.asarray(values)
+    if values.ndim > 2:
+        values = values.reshape(values.shape[0], -1)
     if values.ndim == 2 and values.shape[1] == 1:
         return values[:, 0]
-    if values.ndim > 2:
-        return values.reshape(values.shape[0], -1)
     return values
 
 
