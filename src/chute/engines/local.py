@@ -28,7 +28,7 @@ from chute.plan import Plan, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter
 from chute.sources import Unit
-from chute.stages import ModelStage, PreprocessStage
+from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
 
 CHANNEL_BATCHES = 4
 """Batches a channel holds before its producers wait."""
@@ -204,6 +204,12 @@ class _Run:
         return out
 
     def _model(self, stage: StagePlan, channel: Channel) -> Channel:
+        step = preparer(stage.model)
+        if step is not None:  # the adapter's CPU step (tokenizing), in its own thread
+            prepare = PrepareStage(stage.model, stage.inputs, step)
+            name, prepared = f"{stage.model.name}.prepare", self._channel(1)
+            self._spawn(name, 1, partial(self._map, prepare, name, channel, prepared))
+            channel = prepared
         pool = stage.model.pool
         replicas = pool.max if pool.max is not None else pool.min
         out = self._channel(replicas)

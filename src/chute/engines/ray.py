@@ -34,7 +34,7 @@ from chute.plan import Output, Plan, Reader, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter, records_from_table, records_to_table
 from chute.sources import DatasetSource, TableSource, Unit
-from chute.stages import ModelStage, PreprocessStage
+from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
 
 log = logging.getLogger("chute")
 
@@ -269,6 +269,20 @@ class _PreprocessTask:
         return out
 
 
+class _PrepareTask:
+    """An adapter's CPU step as a stateless task function (its processor is cached per
+    worker process by the adapter)."""
+
+    def __init__(self, stage: PrepareStage, stats: Any) -> None:
+        self.stage, self.stats = stage, stats
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        out = self.stage(table)
+        self.stats.add.remote(f"{self.stage.name}.prepare", self.stage.clock.busy, table.num_rows)
+        self.stage.clock.busy = 0.0
+        return out
+
+
 class _ModelActor:
     """One replica of a model stage in a Ray actor; the last stage also writes."""
 
@@ -376,6 +390,15 @@ class RayEngine:
             )
         for i, (stage, res) in enumerate(zip(plan.stages, resources, strict=True)):
             last = i == len(plan.stages) - 1
+            step = preparer(stage.model)
+            if step is not None:  # the adapter's CPU step (tokenizing), fused into the reads
+                dataset = dataset.map_batches(
+                    _PrepareTask(PrepareStage(stage.model, stage.inputs, step), stats),
+                    batch_size=None,
+                    batch_format="pyarrow",
+                    num_cpus=1.0,
+                    zero_copy_batch=True,
+                )
             dataset = self._model_stage(dataset, stage, res, plan.output if last else None, stats)
         return dataset
 

@@ -9,7 +9,7 @@ columns. It returns a mapping of output column (without the model-name prefix) t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,6 +37,20 @@ class ReplicaContext:
         """Intra-op threads matched to the replica's CPUs (at least one)."""
         cpus = self.resources.cpus if self.resources.cpus is not None else os.cpu_count() or 1
         return max(1, int(cpus))
+
+
+PREPARED = "__chute_prepared_"
+"""Prefix of the columns an adapter's :meth:`Adapter.preparer` step added."""
+
+
+def prepared_columns(batch: pa.Table) -> dict[str, pa.Array] | None:
+    """The columns a preparer made for this batch (without the prefix), or ``None``."""
+    found = {
+        name[len(PREPARED) :]: batch.column(name).combine_chunks()
+        for name in batch.column_names
+        if name.startswith(PREPARED)
+    }
+    return found or None
 
 
 class Adapter:
@@ -68,6 +82,14 @@ class Adapter:
 
         if isinstance(options.get("path"), str):
             refuse_untrusted(cls.kind, options["path"], options)
+
+    @classmethod
+    def preparer(cls, model: str, options: Mapping[str, Any]) -> Callable[[pa.Table], Any] | None:
+        """A CPU step (tokenization, image decoding) that chute runs before the model stage,
+        on CPU workers, so that GPU replicas get tensors. It maps the model's input columns
+        to named columns, which the adapter then finds with :func:`prepared_columns`. It
+        must be picklable; ``None`` (the default) means the adapter has none."""
+        return None
 
     @classmethod
     def artifacts(cls, options: Mapping[str, Any]) -> Sequence[str]:

