@@ -68,7 +68,14 @@ def load_example(name: str) -> ModuleType:
 
 def test_every_example_has_a_readme_and_a_runnable_entry() -> None:
     examples = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith("_"))
-    assert [p.name for p in examples] == ["big_payload", "cluster", "minilm", "taxi", "torch_mlp"]
+    assert [p.name for p in examples] == [
+        "big_payload",
+        "cluster",
+        "images",
+        "minilm",
+        "taxi",
+        "torch_mlp",
+    ]
     for example in examples:
         assert (example / "README.md").is_file(), example
         assert (example / "run.py").is_file() or (example / "job.yaml").is_file(), example
@@ -192,6 +199,29 @@ def test_torch_mlp(engine: str, start_engine: Any) -> None:
     assert result["batches"] == 4
     frame = result["result"]
     assert list(frame.columns) == ["mlp"] and len(frame) == 100_000
+
+
+# --------------------------------------------------------------------------- images
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_images_classifier(engine: str, fmt: str, tmp_path: Path, start_engine: Any) -> None:
+    pytest.importorskip("torch")
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    start_engine(engine)
+    example = load_example("images")
+    argv = ["--images", "300", "--engine", engine, "--format", fmt, "--workdir", str(tmp_path)]
+    result = example.main(argv)
+
+    assert (result["engine"], result["rows"]) == (engine, 300)
+    assert result["paths"] == result["expected_paths"]  # every file once, the path carried
+    assert result["labels_equal"] and result["logit_diff"] <= 1e-5
+    assert result["accuracy"] >= 0.9  # the CNN did learn the colours
+    assert result["columns"][0] == "path"
 
 
 # --------------------------------------------------------------------------- MiniLM
