@@ -89,7 +89,7 @@ register(
     "sentence_transformers",
     "sentence-transformers",
 )
-register("vllm", "chute.models.vllm:VLLMAdapter", "vllm", "vllm")
+register("vllm", "chute.models.llm:VLLMAdapter", "vllm", "vllm")
 register("sklearn", "chute.models.sklearn:SklearnAdapter", "sklearn", "sklearn")
 register("xgboost", "chute.models.boosters:XGBoostAdapter", "xgboost", "xgboost")
 register("lightgbm", "chute.models.boosters:LightGBMAdapter", "lightgbm", "lightgbm")
