@@ -266,3 +266,115 @@ def test_refused_credentials_fail_at_planning_naming_the_fix(
     assert "wrong-secret" not in text  # the secret is never shown
     assert s3.counts["PUT"] == 0
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- 5. artifacts
+
+
+def _onnx_model(tmp_path: Path) -> tuple[bytes, Any]:
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 2))
+    clf = LogisticRegression().fit(x, (x[:, 0] + x[:, 1] > 0).astype(np.int64))
+    onx = to_onnx(clf, x[:1].astype(np.float32), options={"zipmap": False})
+    return onx.SerializeToString(), clf
+
+
+def _model_gets(proxy: FaultProxy, key: str) -> int:
+    return sum(1 for method, path in proxy.requests if method == "GET" and path == f"/bucket/{key}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_remote_onnx_model_is_downloaded_once_per_node_with_two_replicas(
+    s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    """Two Ray actors on one node load s3://…/clf.onnx: one download, then the cache."""
+    upload(moto_s3, "parquet")
+    model, clf = _onnx_model(tmp_path)
+    put_objects(moto_s3, "bucket", {"models/clf.onnx": model})
+    job = {
+        "input": "s3://bucket/in/",
+        "carryover": ["id"],
+        "models": [
+            {
+                "name": "clf",
+                "model": {"type": "onnx", "path": "s3://bucket/models/clf.onnx"},
+                "inputs": ["x", "id"],
+                "pool": 2,
+                "batch_size": 100,
+            }
+        ],
+        "output": "s3://bucket/out",
+        "engine": "ray",
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    cache = tmp_path / "cache"
+    env = driver_env(AWS_ENDPOINT_URL=s3.endpoint, CHUTE_CACHE_DIR=str(cache))
+    for run in range(2):
+        s3.reset()
+        proc = subprocess.run(
+            [sys.executable, "-m", "chute", "run", str(tmp_path / "job.yaml"), "-q",
+             "--overwrite"],
+            env=env, capture_output=True, text=True, timeout=200,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # first run: one GET of the model for two replicas; second run: none (cached)
+        assert _model_gets(s3, "models/clf.onnx") == (1 if run == 0 else 0), s3.requests
+    cached = [p for p in cache.rglob("clf.onnx")]
+    assert len(cached) == 1 and cached[0].read_bytes() == model
+    result = read_result(moto_s3, "out")
+    ids = result.column("id").to_numpy().astype(np.float64)
+    expected = clf.predict(np.column_stack([np.sin(ids), ids]).astype(np.float32))
+    np.testing.assert_array_equal(result.column("clf_label").to_numpy(), expected)
+
+
+_FETCH = """
+import sys
+from chute.artifacts import local_path
+print(local_path(sys.argv[1]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_remote_model_directory_is_fetched_once_by_concurrent_processes_and_threads(
+    s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chute.artifacts import identity, local_path
+
+    files = {
+        "config.json": b'{"hidden": 8}',
+        "model.safetensors": os.urandom(200_000),
+        "tokenizer/vocab.txt": b"a\nb\nc\n",
+    }
+    put_objects(moto_s3, "bucket", {f"models/tiny/{k}": v for k, v in files.items()})
+    monkeypatch.setenv("CHUTE_CACHE_DIR", str(tmp_path / "cache"))
+    uri = "s3://bucket/models/tiny"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _FETCH, uri], env=env, stdout=subprocess.PIPE,
+                         text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    with ThreadPoolExecutor(3) as pool:
+        paths = list(pool.map(lambda _: local_path(uri), range(3)))
+    paths += [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(paths)) == 1 and paths[0].endswith("/tiny")
+    for name, data in files.items():
+        assert Path(paths[0], name).read_bytes() == data
+        assert _model_gets(s3, f"models/tiny/{name}") == 1, s3.requests  # five callers, one GET
+    assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" in p.name]
+    # identity: from a listing, no download; a replaced file is another model
+    before = identity(uri)
+    gets = s3.counts["GET"]
+    assert identity(uri) == before and s3.counts["GET"] == gets
+    time.sleep(1.1)  # S3 modification times have one-second resolution
+    put_objects(moto_s3, "bucket", {"models/tiny/config.json": b'{"hidden": 16}'})
+    assert identity(uri) != before
+    assert local_path(uri) != paths[0]  # downloaded again, under a new key
+    assert Path(local_path(uri), "config.json").read_bytes() == b'{"hidden": 16}'

@@ -28,6 +28,7 @@ from chute.storage import (
     StorageOptions,
     check,
     open_input_file,
+    parquet_metadata,
     permanent,
     redact,
     resolve,
@@ -86,6 +87,8 @@ class Unit:
     offset: int = 0
     ref: Any = field(default=None, compare=False)
     """A Ray object reference holding the unit's table (Ray Dataset input)."""
+    files: tuple[str, ...] = ()
+    """The files of a unit that groups several (images), so that a read task gets only its own."""
 
 
 class Source(Protocol):
@@ -232,8 +235,7 @@ class FileSource:
 
     def _open(self, path: str) -> Any:
         """Open a file; with its size known from the listing, no HEAD request per file."""
-        size = getattr(self, "_stamps", {}).get(path, (None, None))[0]
-        return open_input_file(self.filesystem, path, size)
+        return open_input_file(self.filesystem, path)
 
     def schema(self) -> pa.Schema:
         first = self.files()[0]
@@ -257,7 +259,10 @@ class FileSource:
 
     def _footer(self, path: str) -> pq.FileMetaData:
         try:
-            return retrying(lambda: pq.read_metadata(self._open(path)), f"reading {path}")
+            size = self._stamps.get(path, (None, None))[0]
+            return retrying(
+                lambda: parquet_metadata(self.filesystem, path, size), f"reading {path}"
+            )
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read the Parquet footer of {path!r}: {exc}") from exc
 

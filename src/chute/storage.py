@@ -256,14 +256,23 @@ def read(fs: pafs.FileSystem, path: str) -> bytes | None:
         return None
 
 
-def open_input_file(fs: pafs.FileSystem, path: str, size: int | None = None) -> Any:
-    """Open ``path`` for random access. With its size known (from a listing), an object
-    store is not asked for it again: no HEAD request per file, only the ranged GETs."""
+def open_input_file(fs: pafs.FileSystem, path: str) -> Any:
+    """Open ``path`` for random access."""
+    return fs.open_input_file(path)
+
+
+def parquet_metadata(fs: pafs.FileSystem, path: str, size: int | None = None) -> Any:
+    """The footer of a Parquet file. With its size known (from the listing), an object
+    store is not asked for it again: one ranged GET per file, no HEAD."""
+    import pyarrow.parquet as pq
+
     if size is None or is_local(fs):
-        return fs.open_input_file(path)
+        return pq.read_metadata(fs.open_input_file(path))
     import pyarrow.dataset as ds
 
-    return ds.ParquetFileFormat().make_fragment(path, fs, file_size=size).open()
+    fragment = ds.ParquetFileFormat().make_fragment(path, fs, file_size=size)
+    fragment.ensure_complete_metadata()
+    return fragment.metadata
 
 
 def bucket_of(fs: pafs.FileSystem, path: str) -> str | None:
