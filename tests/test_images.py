@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,23 @@ def test_a_truncated_image_is_an_unreadable_row(tmp_path: Path) -> None:
         _read_all(ImageSource(str(tmp_path)))
     assert [row for row, _ in info.value.bad] == [1]
     assert "img0001.png" in str(info.value)
+
+
+def test_a_pickled_source_carries_no_listing_and_reads_its_units(images: Path) -> None:
+    source = ImageSource(str(images), size=(8, 8))
+    source.schema()
+    units = source.plan()
+    shipped = pickle.dumps(source)
+    assert len(shipped) < 2_000  # not 600 paths: a read task gets its files from its unit
+    copy = pickle.loads(shipped)
+    assert copy.read(units[1], None).equals(source.read(units[1], None))
+
+
+def test_a_limit_cuts_the_images_read(images: Path) -> None:
+    model = chute.Model("b", Brightness, inputs=("image",), batch_format="numpy")
+    job = chute.Job(source=ImageSource(str(images)), models=(model,), carryover=("path",))
+    report = job.run(limit=300)
+    assert report.rows_out == 300 and report.result is not None
+    assert (
+        report.result.column("path").to_pylist() == sorted(str(p) for p in images.iterdir())[:300]
+    )

@@ -111,7 +111,10 @@ class ImageSource(FileSource):
         self._shape: tuple[int, int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "options": self.options, "_shape": self._shape}
+        """Without the listing: a read task gets its files from its unit (one task per unit
+        must not carry every path of a million-image folder)."""
+        state = {**super().__getstate__(), "options": self.options, "_shape": self._shape}
+        return {**state, "_files": None, "_stamps": {}}
 
     def files(self) -> list[str]:
         """The image files, sorted; other files in a folder are left out."""
@@ -154,14 +157,21 @@ class ImageSource(FileSource):
             group = files[start : start + step]
             uid = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
             units.append(
-                Unit(index, uid, len(group), len(group) * row_bytes, group[0], offset=start)
+                Unit(
+                    index,
+                    uid,
+                    len(group),
+                    len(group) * row_bytes,
+                    group[0],
+                    offset=start,
+                    files=tuple(group),
+                )
             )
         return units
 
     def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
         """Decode the unit's files; undecodable ones raise :class:`UnreadableRows`."""
-        rows = unit.rows if unit.rows is not None else self.options.unit_images
-        files = self.files()[unit.offset : unit.offset + rows]
+        files = list(unit.files[: unit.rows])  # a --limit may cut the unit short
         shape = self.tensor_shape
         pixels = np.zeros((len(files), *shape), dtype=np.uint8)
         bad: list[tuple[int, str]] = []
