@@ -210,13 +210,13 @@ def to_numpy(batch: pa.Table) -> np.ndarray:
         if isinstance(column.type, pa.FixedShapeTensorType):
             return np.asarray(column.to_numpy_ndarray())
         if pa.types.is_fixed_size_list(column.type):
-            return _nested(column)
+            return nested_array(column)
     return np.column_stack(
         [np.asarray(c.to_numpy(), dtype=np.float32) for c in batch.columns]
     ).reshape(batch.num_rows, batch.num_columns)
 
 
-def _nested(column: pa.Array) -> np.ndarray:
+def nested_array(column: pa.Array) -> np.ndarray:
     shape = [len(column)]
     values = column
     while pa.types.is_fixed_size_list(values.type):
