@@ -204,3 +204,42 @@ def test_auto_parses_in_python_and_yaml() -> None:
         }
     )
     assert job.models[0].batch_size == auto
+
+
+class CudaScratchModel:
+    """A torch model that needs 1 GiB of GPU scratch memory per row: a large batch runs
+    the GPU out of memory for real (``torch.OutOfMemoryError`` from the CUDA allocator)."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        x = torch.as_tensor(batch["x"], device="cuda")
+        scratch = torch.ones((len(x), 2**28), device="cuda")  # 1 GiB of float32 per row
+        out = (scratch[:, :1].squeeze(1) * x * 3.0 + 1.0).cpu().numpy()
+        del scratch
+        return {"score": out, "batch": np.full(len(x), len(x), dtype=np.int64)}
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU: a real CUDA out-of-memory")
+def test_a_real_cuda_out_of_memory_is_split() -> None:
+    import torch
+
+    gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    rows = int(gib) * 4  # four times what fits
+    stage, table = _stage(CudaScratchModel, _table(rows))
+    out = stage(table)
+    splits, batch_rows = stage.clock.take_splits()
+    assert splits >= 2 and batch_rows is not None and batch_rows < gib
+    ids = out.column("id").to_numpy()
+    assert list(ids) == list(range(rows))
+    np.testing.assert_allclose(out.column("m_score").to_numpy(), _expected(ids), rtol=1e-6)
