@@ -345,6 +345,21 @@ def test_booster_features_matched_by_name_and_width_checked(
         run(data, adapter("xgboost", path=str(tmp_path / "m.json")), inputs=["x0", "x1"])
 
 
+def test_xgboost_gpu_request_without_cuda_build_fails_clearly(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    import xgboost
+
+    from chute.models.boosters import XGBoostAdapter
+
+    if xgboost.build_info().get("USE_CUDA"):
+        pytest.skip("this xgboost has CUDA: the GPU path is tested on a GPU")
+    xgboost.train({}, xgboost.DMatrix(data["x"], data["value"]), 2).save_model(tmp_path / "m.json")
+    context = ReplicaContext("reg", Resources(cpus=1, gpus=1))
+    with pytest.raises(ResourceError, match=r"built without CUDA.*pip install xgboost"):
+        XGBoostAdapter(context, path=str(tmp_path / "m.json"))
+
+
 # --- ONNX ---------------------------------------------------------------------------------------
 
 

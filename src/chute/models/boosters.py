@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from chute.errors import ConfigError, ModelError
+from chute.errors import ConfigError, ModelError, ResourceError
 from chute.models.common import (
     FileAdapter,
     check_classes,
@@ -122,6 +122,7 @@ class XGBoostAdapter(_Booster):
     def _setup(self) -> None:
         params: dict[str, Any] = {"nthread": self.context.threads}
         if self.context.device == "cuda":
+            _check_xgboost_cuda(self.context.model)
             params["device"] = "cuda"
         self.booster.set_param(params)
         config = json.loads(self.booster.save_config())
@@ -145,6 +146,17 @@ class XGBoostAdapter(_Booster):
                 f"{self.path!r} expects {want} features but the model's inputs give {got}: "
                 "list the features the model was trained on, in order, as its inputs."
             )
+
+
+def _check_xgboost_cuda(model: str) -> None:
+    """XGBoost without CUDA would quietly predict on the CPU: say so instead."""
+    import xgboost
+
+    if not xgboost.build_info().get("USE_CUDA"):
+        raise ResourceError(
+            f"model {model!r} asks for a GPU, but this xgboost was built without CUDA (the "
+            "xgboost-cpu wheel): pip install xgboost, or set the model's gpus: 0."
+        )
 
 
 def _xgboost_task(objective: str) -> str:
