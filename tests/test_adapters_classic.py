@@ -255,6 +255,15 @@ def test_pickle_sniffing_does_not_flag_safe_formats(tmp_path: Path) -> None:
     assert is_pickle(str(tmp_path / "model.joblib.gz"))
 
 
+@pytest.mark.parametrize("compress", ["zlib", "gzip", "bz2", "lzma", "xz", None])
+def test_pickle_sniffing_finds_joblib_files_under_any_name(tmp_path: Path, compress: Any) -> None:
+    import joblib
+
+    path = tmp_path / "weights.dat"
+    joblib.dump({"w": np.arange(3)}, path, compress=(compress, 3) if compress else 0)
+    assert is_pickle(str(path))
+
+
 # --- boosters -----------------------------------------------------------------------------------
 
 

@@ -25,8 +25,8 @@ SAFE_FORMATS = (
     "skops (.skops) for scikit-learn, ONNX (.onnx), native booster files (XGBoost .json/.ubj, "
     "LightGBM .txt), safetensors (.safetensors) or TorchScript (.pt from torch.jit.save)"
 )
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x04\x22\x4d\x18")
-"""gzip, bz2, xz and lz4 headers: how joblib writes a compressed pickle."""
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x5d\x00\x00", b"\x04\x22\x4d\x18")
+"""gzip, bz2, xz, lzma and lz4 headers: how joblib writes a compressed pickle."""
 
 
 def trusts_pickle(options: Mapping[str, Any]) -> bool:
@@ -57,8 +57,8 @@ def _pickle_header(head: bytes) -> bool:
 
 
 def _zlib_header(head: bytes) -> bool:
-    """joblib's zlib compression: a raw zlib stream (0x78, a checksummed flag byte)."""
-    return len(head) >= 2 and head[0] == 0x78 and (head[0] * 256 + head[1]) % 31 == 0
+    """joblib's zlib compression: a raw zlib stream (0x78 and one of zlib's level bytes)."""
+    return len(head) >= 2 and head[0] == 0x78 and head[1] in (0x01, 0x5E, 0x9C, 0xDA)
 
 
 def refuse_untrusted(kind: str, path: str, options: Mapping[str, Any]) -> None:
