@@ -226,3 +226,11 @@ def test_changed_weights_change_the_fingerprint(mlp: Any, rows: pa.Table, tmp_pa
     torch.manual_seed(5)
     save_torchscript(MLP(16, 3).eval(), tmp_path / "m.ts")
     assert job.fingerprint() != before
+
+
+def test_outputs_renames_and_drops_columns(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    path = save_torchscript(mlp, tmp_path / "m.ts")
+    renames = {"logits": "raw", "score": None}
+    frame = run(rows, "local", path=path, task="classification", outputs=renames)
+    assert [c for c in frame.columns if c.startswith("mlp_")] == ["mlp_raw", "mlp_label"]
+    np.testing.assert_allclose(matrix(frame, "mlp_raw"), direct(mlp, rows), atol=1e-5)

@@ -48,6 +48,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns
+from chute.models.common import rename
 from chute.models.sbert import offline_hub
 from chute.models.torchmodel import DTYPES, fixed_size_list
 
@@ -226,7 +227,8 @@ class TransformersAdapter(Adapter):
             for k, v in columns.items()
         }
         with torch.inference_mode():
-            return self._run(columns, batch.num_rows)
+            out = self._run(columns, batch.num_rows)
+        return rename(out, self.options.get("outputs") or {})
 
     def _run(self, columns: Mapping[str, Any], rows: int) -> dict[str, Any]:
         if self.task == "text-generation":

@@ -30,6 +30,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
+from chute.models.common import rename
 from chute.models.sbert import offline_hub, text_column
 
 SAMPLING = (
@@ -51,7 +52,7 @@ ENGINE = (
     "gpu_memory_utilization",
     "tensor_parallel_size",
 )
-OPTIONS = ("path", "sampling", *SAMPLING, *ENGINE)
+OPTIONS = ("path", "outputs", "sampling", *SAMPLING, *ENGINE)
 
 
 def sampling_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,4 +116,5 @@ class VLLMAdapter(Adapter):
     def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
         prompts = text_column(batch, self.context.model)
         results = self.llm.generate(prompts, self.sampling, use_tqdm=False)
-        return {"text": pa.array([r.outputs[0].text for r in results], pa.string())}
+        columns = {"text": pa.array([r.outputs[0].text for r in results], pa.string())}
+        return rename(columns, self.options.get("outputs") or {})

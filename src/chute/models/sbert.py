@@ -21,6 +21,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError
 from chute.models.base import Adapter, ReplicaContext
+from chute.models.common import rename
 from chute.models.torchmodel import fixed_size_list
 
 
@@ -74,4 +75,5 @@ class SentenceTransformersAdapter(Adapter):
             normalize_embeddings=self.normalize,
             show_progress_bar=False,
         )
-        return {"embedding": fixed_size_list(np.asarray(embeddings, dtype=np.float32))}
+        columns = {"embedding": fixed_size_list(np.asarray(embeddings, dtype=np.float32))}
+        return rename(columns, self.options.get("outputs") or {})

@@ -43,6 +43,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError
 from chute.models.base import Adapter, ReplicaContext
+from chute.models.common import rename
 from chute.models.pickles import trusts_pickle, untrusted_error
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -80,7 +81,7 @@ class TorchAdapter(Adapter):
         with torch.inference_mode():
             tensor = to_tensor(batch, self.device, self.dtype)
             out = self.module(tensor)
-        return self._columns(out)
+        return rename(self._columns(out), self.options.get("outputs") or {})
 
     def _columns(self, out: Any) -> dict[str, pa.Array]:
         if isinstance(out, Mapping):
