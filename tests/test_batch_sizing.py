@@ -243,3 +243,52 @@ def test_a_real_cuda_out_of_memory_is_split() -> None:
     ids = out.column("id").to_numpy()
     assert list(ids) == list(range(rows))
     np.testing.assert_allclose(out.column("m_score").to_numpy(), _expected(ids), rtol=1e-6)
+
+
+def test_an_error_raised_while_handling_an_out_of_memory_error_counts() -> None:
+    def wrap() -> None:
+        try:
+            raise MemoryError("arena")
+        except MemoryError:
+            raise chute.ModelError("adapter failed")  # noqa: B904 - implicit context
+
+    with pytest.raises(chute.ModelError) as info:
+        wrap()
+    assert is_out_of_memory(info.value)
+    try:
+        try:
+            raise MemoryError("arena")
+        except MemoryError:
+            raise ValueError("unrelated") from None
+    except ValueError as exc:
+        assert not is_out_of_memory(exc)
+
+
+@pytest.mark.timeout(180)
+def test_out_of_memory_under_quarantine_end_to_end(tmp_path: Path, engine: str) -> None:
+    bad = (3, 2_500, 4_999)
+    model = chute.Model(
+        "m",
+        WorkspaceModel,
+        inputs=("id", "x"),
+        batch_format="numpy",
+        batch_size=2_048,
+        pool=chute.Pool.fixed(1),
+        on_error="quarantine",
+        kwargs={"bad": bad},
+    )
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(_table()),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine=engine,  # type: ignore[arg-type]
+    )
+    report = job.run()
+    frame = pd.read_parquet(out)
+    errors = pd.read_parquet(out / "_errors")
+    assert sorted(errors.id) == list(bad) and set(errors.error_type) == {"ValueError"}
+    assert sorted(frame.id) == sorted(set(range(ROWS)) - set(bad))
+    assert (report.rows_failed, report.rows_out) == (len(bad), ROWS - len(bad))
+    assert report.stages["m"].oom_splits >= 3 and report.stages["m"].batch_rows == 256

@@ -3,8 +3,8 @@
 A model stage that runs out of memory splits its batch and retries (see
 :class:`chute.stages.ModelStage`); an out-of-memory error is never a row failure. The test is
 conservative: a class known to mean "out of memory" anywhere in the exception's MRO, or an
-ONNX Runtime / CUDA runtime error whose message says so. An exception raised ``from`` one
-(an adapter that wraps the framework's error) counts too.
+ONNX Runtime / CUDA runtime error whose message says so. An exception raised from one, or
+while handling one (an adapter that wraps the framework's error), counts too.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
         seen.add(id(current))
         if _is_oom(current):
             return True
-        current = current.__cause__
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
     return False
 
 

@@ -75,7 +75,7 @@ def render_plan(job: Job) -> RenderableType:
         stages.add_row(
             stage.model.name,
             ", ".join(stage.inputs),
-            f"{stage.batch_rows:,}",
+            f"{stage.batch_rows:,}" + (" (auto)" if stage.model.batch_size.auto else ""),
             stage.batch_format,
             f"{res.cpus:g}",
             f"{res.gpus:g}",
