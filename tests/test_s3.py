@@ -15,8 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,29 +30,26 @@ import chute
 from chute import ConfigError
 from chute.cli import main
 from chute.ledger import Ledger
-from chute.storage import StorageOptions, redact, resolve
+from chute.storage import resolve
+from tests import s3server
 from tests.chaos_job import (
     HERE,
     METRICS,
     ROWS_PER_UNIT,
     driver_env,
+    make_data,
     reap,
     seen_units,
+    session_processes,
     start_driver,
     wait_for,
     write_job,
 )
-from tests.s3server import (  # noqa: F401  (fixtures)
-    FaultProxy,
-    MotoS3,
-    get_object,
-    list_keys,
-    moto_s3,
-    put_objects,
-    read_json,
-    s3,
-    s3_proxy,
-)
+from tests.s3server import FaultProxy, MotoS3, get_object, list_keys, put_objects, read_json
+
+moto_s3 = s3server.moto_s3  # the fixtures: a moto server, the proxy, an empty bucket
+s3_proxy = s3server.s3_proxy
+s3 = s3server.s3
 
 UNITS = 6
 ROWS = 200
@@ -266,6 +261,97 @@ def test_refused_credentials_fail_at_planning_naming_the_fix(
     assert "wrong-secret" not in text  # the secret is never shown
     assert s3.counts["PUT"] == 0
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- 4. chaos
+
+CHAOS_UNITS = 12
+KILL_POINTS = {"local": ["start", 2, 7], "ray": ["start", 4]}
+
+
+def _ledger_lines(moto_s3: MotoS3, prefix: str) -> list[dict[str, Any]]:
+    """Every committed entry in the bucket's ledger objects (duplicates kept)."""
+    keys = list_keys(moto_s3, "bucket", f"{prefix}/_chute/ledger/")
+    return [
+        json.loads(line)
+        for key in keys
+        for line in get_object(moto_s3, "bucket", key).splitlines()
+        if line.strip()
+    ]
+
+
+def _chaos_reached(moto_s3: MotoS3, point: str | int) -> bool:
+    if point == "start":
+        return "chaos-out/_chute/job.json" in list_keys(moto_s3, "bucket", "chaos-out/_chute/")
+    return len(_ledger_lines(moto_s3, "chaos-out")) >= int(point)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "driver_engine", ["local", pytest.param("ray", marks=pytest.mark.ray)], ids=str
+)
+def test_driver_sigkill_with_s3_input_and_output_resumes_exactly_once(
+    s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path, driver_engine: str
+) -> None:
+    """The chaos test of issue 3, on the bucket: SIGKILL the driver at several points,
+    resume each time; every row once, predictions and metrics as an uninterrupted run's."""
+    from chute.metrics import metric_from_spec
+
+    data = make_data(tmp_path / "data", CHAOS_UNITS)
+    put_objects(moto_s3, "bucket", {f"chaos-in/{p.name}": p.read_bytes() for p in data.iterdir()})
+    model = chute.Model(
+        "m", f"{HERE}:SlowModel", inputs=("id", "x"), batch_format="numpy", batch_size=250
+    )
+    reference = chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(model,),
+        carryover=("id", "tag"),
+        output=chute.Sink(str(tmp_path / "reference")),
+        engine="local",
+        metrics=tuple(metric_from_spec(spec) for spec in METRICS),
+    ).run()
+    expected = pq.read_table(tmp_path / "reference").sort_by("id")
+    job = write_job(
+        tmp_path / "job.yaml", "s3://bucket/chaos-in/", "s3://bucket/chaos-out",  # type: ignore[arg-type]
+        driver_engine, delay=0.05,
+    )  # fmt: skip
+    env = driver_env(AWS_ENDPOINT_URL=s3.endpoint)
+    all_units = set(range(CHAOS_UNITS))
+    runs = [*KILL_POINTS[driver_engine], None]
+    before: set[int] = set()
+    for n, point in enumerate(runs):
+        before = {e["index"] for e in _ledger_lines(moto_s3, "chaos-out")}
+        seen = tmp_path / f"seen-{n}.jsonl"
+        proc = start_driver(job, {**env, "CHAOS_SEEN": str(seen)})
+        try:
+            if point is None:
+                _, stderr = proc.communicate(timeout=200)
+                assert proc.returncode == 0, stderr
+            else:
+                reached = partial(_chaos_reached, moto_s3, point)
+                assert wait_for(reached, proc, timeout=150), f"run {n} never reached {point}"
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+                assert proc.returncode == -signal.SIGKILL, f"run {n} ended before the kill"
+        finally:
+            reap(proc)
+            assert not session_processes(proc.pid)
+        lines = _ledger_lines(moto_s3, "chaos-out")
+        assert len(lines) == len({e["index"] for e in lines}), f"run {n} committed a unit twice"
+        assert not seen_units(seen) & before, f"run {n} recomputed committed units"
+        if point is None:
+            assert seen_units(seen) == all_units - before
+    report = read_json(moto_s3, "bucket", "chaos-out/_chute/report.json")
+    assert report["units_skipped"] == len(before) and report["units_total"] == CHAOS_UNITS
+    assert report["metrics"] == json.loads(json.dumps(reference.metrics))
+    result = read_result(moto_s3, "chaos-out").select(expected.column_names)
+    assert result.num_rows == CHAOS_UNITS * ROWS_PER_UNIT
+    assert result.equals(expected)
+    keys = list_keys(moto_s3, "bucket", "chaos-out/")
+    parts = {k.split("/")[-1] for k in keys if k.split("/")[-1].startswith("part-")}
+    manifest = read_json(moto_s3, "bucket", "chaos-out/_chute/manifest.json")
+    assert parts == {f["path"] for f in manifest["files"]}, "orphans left in the bucket"
 
 
 # --------------------------------------------------------------------------- 5. artifacts
