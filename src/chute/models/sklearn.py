@@ -101,19 +101,16 @@ def _load_estimator(path: str, options: Mapping[str, Any]) -> Any:
         return load_pickle(SklearnAdapter.kind, path, options)
     import skops.io
 
-    untrusted = [
-        t
-        for t in skops.io.get_untrusted_types(file=path)
-        if not t.startswith("sklearn.") and t not in options.get("trusted", [])
-    ]
+    found = skops.io.get_untrusted_types(file=path)
+    allowed = options.get("trusted", [])
+    untrusted = [t for t in found if not t.startswith("sklearn.") and t not in allowed]
     if untrusted:
         raise ConfigError(
             f"skops file {path!r} holds types that are not trusted: {', '.join(untrusted)}. "
             "Loading them may run their code: if you trust them, list them in the model's "
             f"trusted option (trusted: [{', '.join(untrusted)}])."
         )
-    trusted = skops.io.get_untrusted_types(file=path)
-    return skops.io.load(path, trusted=trusted)
+    return skops.io.load(path, trusted=found)  # scikit-learn's own, and those listed
 
 
 def _choose_method(estimator: Any, method: str) -> str:
