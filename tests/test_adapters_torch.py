@@ -234,3 +234,48 @@ def test_outputs_renames_and_drops_columns(mlp: Any, rows: pa.Table, tmp_path: P
     frame = run(rows, "local", path=path, task="classification", outputs=renames)
     assert [c for c in frame.columns if c.startswith("mlp_")] == ["mlp_raw", "mlp_label"]
     np.testing.assert_allclose(matrix(frame, "mlp_raw"), direct(mlp, rows), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        pytest.param({"dtyp": "float16"}, "no option 'dtyp'. Did you mean 'dtype'", id="option"),
+        pytest.param({"dtype": "float8"}, "dtype 'float8' is not one of", id="dtype"),
+        pytest.param({"task": "classify"}, "Did you mean 'classification'", id="task"),
+    ],
+)
+def test_bad_options_fail_before_loading(
+    options: dict[str, Any], message: str, mlp: Any, rows: pa.Table, tmp_path: Path
+) -> None:
+    path = save_torchscript(mlp, tmp_path / "m.ts")
+    with pytest.raises(chute.ConfigError, match=message):
+        run(rows, "local", path=path, **options)
+
+
+def test_yaml_job_with_a_module_file_next_to_it(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    """``model: {type: torch, path: ..., module: net.py:Net}``, both relative to the job."""
+    import pyarrow.parquet as pq
+
+    from chute.config import load_job
+
+    save_state_dict(mlp, tmp_path / "weights.pt")
+    (tmp_path / "data").mkdir()
+    pq.write_table(rows, tmp_path / "data" / "rows.parquet")
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent(
+            f"""\
+            input: data/
+            carryover: [id]
+            models:
+              - name: mlp
+                model: {{type: torch, path: weights.pt, module: "net.py:Net", task: classification}}
+                inputs: [{", ".join(features())}]
+            output: out/
+            """
+        )
+    )
+    load_job(str(tmp_path / "job.yaml"), engine="local").run()
+    result = pq.read_table(tmp_path / "out").sort_by("id")
+    assert result.column_names == ["id", "mlp_logits", "mlp_label", "mlp_score"]
+    logits = np.stack(result.column("mlp_logits").to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(logits, direct(mlp, rows), atol=1e-5)

@@ -303,6 +303,8 @@ def _model_fn(config: ModelConfig, base: str, trust_pickle: bool) -> Any:
         raise ConfigError(f"model: needs type: one of {', '.join(sorted(ADAPTERS))}.")
     if isinstance(options.get("path"), str):
         options["path"] = _resolve(options["path"], base)
+    if isinstance(options.get("module"), str):  # torch's module class, "nets.py:MLP"
+        options["module"] = _resolve_fn(options["module"], base)
     if trust_pickle:
         options["trust_pickle"] = True  # --trust-pickle
     return adapter(kind, **options)

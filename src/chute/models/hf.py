@@ -50,7 +50,7 @@ from chute.errors import ConfigError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns
 from chute.models.common import rename
 from chute.models.sbert import offline_hub
-from chute.models.torchmodel import DTYPES, fixed_size_list
+from chute.models.torchmodel import DTYPES, check_options, fixed_size_list
 
 TASKS = (
     "text-classification",
@@ -58,6 +58,17 @@ TASKS = (
     "feature-extraction",
     "text-generation",
     "image-classification",
+)
+OPTIONS = (
+    "path",
+    "task",
+    "batch_size",
+    "dtype",
+    "max_length",
+    "pooling",
+    "max_new_tokens",
+    "generate",
+    "outputs",
 )
 MODEL_CLASSES = {
     "text-classification": "AutoModelForSequenceClassification",
@@ -207,8 +218,9 @@ class TransformersAdapter(Adapter):
 
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> None:
-        """The task is known (before anything loads)."""
+        """Known options and task (before anything loads)."""
         super().check(options)
+        check_options(cls.kind, options, OPTIONS)
         check_task(options)
 
     @classmethod

@@ -22,7 +22,7 @@ from chute.artifacts import local_path
 from chute.errors import ConfigError
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import rename
-from chute.models.torchmodel import fixed_size_list
+from chute.models.torchmodel import check_options, fixed_size_list
 
 
 def offline_hub() -> None:
@@ -48,6 +48,12 @@ class SentenceTransformersAdapter(Adapter):
 
     kind: ClassVar[str] = "sentence-transformers"
     extra: ClassVar[str | None] = "sentence-transformers"
+
+    @classmethod
+    def check(cls, options: Mapping[str, Any]) -> None:
+        """Known options and a ``path`` (before anything loads)."""
+        super().check(options)
+        check_options(cls.kind, options, ("path", "normalize", "batch_size", "outputs"))
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         super().__init__(context, **options)

@@ -41,13 +41,30 @@ import numpy as np
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, ModelError
+from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import rename
 from chute.models.pickles import trusts_pickle, untrusted_error
 
 DTYPES = ("float32", "float16", "bfloat16")
 TASKS = ("regression", "classification", "embedding")
+OPTIONS = ("path", "module", "args", "kwargs", "strict", "task", "dtype", "labels", "outputs")
+COMMON = ("trust_pickle",)
+
+
+def check_options(kind: str, options: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    """Refuse an option the adapter does not know, with "Did you mean"."""
+    for key in options:
+        if key not in allowed and key not in COMMON:
+            raise ConfigError(
+                f"model type {kind!r} has no option {key!r}.{did_you_mean(key, allowed)} "
+                f"Its options: {', '.join(allowed)}."
+            )
+    if not isinstance(options.get("path"), str) or not options["path"]:
+        raise ConfigError(
+            f"model type {kind!r} needs path: the model to load "
+            f"(adapter({kind!r}, path=...) in Python)."
+        )
 
 
 class TorchAdapter(Adapter):
@@ -60,9 +77,12 @@ class TorchAdapter(Adapter):
         super().__init__(context, **options)
         import torch
 
-        self.task = _choice(options.get("task", "regression"), TASKS, "task", context.model)
+        self.task = _choice(
+            options.get("task", "regression"), TASKS, "task", f"model {context.model!r}"
+        )
         self.dtype = getattr(
-            torch, _choice(options.get("dtype", "float32"), DTYPES, "dtype", context.model)
+            torch,
+            _choice(options.get("dtype", "float32"), DTYPES, "dtype", f"model {context.model!r}"),
         )
         self.labels: list[Any] | None = options.get("labels")
         self.device = torch.device(context.device)
@@ -94,8 +114,12 @@ class TorchAdapter(Adapter):
 
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> None:
-        """Before anything loads: a pickled module is refused unless ``trust_pickle``."""
+        """Before anything loads: known options, and a pickled module refused unless
+        ``trust_pickle``."""
         super().check(options)
+        check_options(cls.kind, options, OPTIONS)
+        _choice(options.get("task", "regression"), TASKS, "task", f"model type {cls.kind!r}")
+        _choice(options.get("dtype", "float32"), DTYPES, "dtype", f"model type {cls.kind!r}")
         path = options.get("path")
         if options.get("module") or not isinstance(path, str) or not os.path.isfile(path):
             return
@@ -198,9 +222,12 @@ def _is_exported(module: Any) -> bool:
     return type(module).__module__.startswith("torch.fx")
 
 
-def _choice(value: Any, choices: Sequence[str], what: str, model: str) -> str:
+def _choice(value: Any, choices: Sequence[str], what: str, who: str) -> str:
     if value not in choices:
-        raise ConfigError(f"model {model!r}: {what} {value!r} is not one of {', '.join(choices)}.")
+        raise ConfigError(
+            f"{who}: {what} {value!r} is not one of {', '.join(choices)}."
+            f"{did_you_mean(str(value), choices)}"
+        )
     return str(value)
 
 
