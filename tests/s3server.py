@@ -87,6 +87,8 @@ class FaultProxy:
         self.counts: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.requests: list[tuple[str, str]] = []
+        self.unsigned = 0
+        """Requests that carried no ``Authorization`` header (anonymous access)."""
         self.rates: dict[str, float] = {}
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -104,6 +106,7 @@ class FaultProxy:
         with self._lock:
             self.counts.clear()
             self.faults.clear()
+            self.unsigned = 0
             self.requests.clear()
             self.rates = {}
 
@@ -118,8 +121,9 @@ class FaultProxy:
                 draw -= rate
             return None
 
-    def count(self, method: str, path: str, query: str) -> None:
+    def count(self, method: str, path: str, query: str, signed: bool = True) -> None:
         with self._lock:
+            self.unsigned += not signed
             self.counts[kind(method, path, query)] += 1
             self.requests.append((method, f"{path}?{query}" if query else path))
 
@@ -160,7 +164,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             body = self._body()
             path, _, query = self.path.partition("?")
-            proxy.count(self.command, path, query)
+            proxy.count(self.command, path, query, "Authorization" in self.headers)
             fault = proxy.fault()
             if fault == "drop":
                 self.close_connection = True

@@ -464,3 +464,104 @@ def test_a_remote_model_directory_is_fetched_once_by_concurrent_processes_and_th
     assert identity(uri) != before
     assert local_path(uri) != paths[0]  # downloaded again, under a new key
     assert Path(local_path(uri), "config.json").read_bytes() == b'{"hidden": 16}'
+
+
+# --------------------------------------------------------------------------- 6. listing
+
+
+@pytest.mark.timeout(120)
+def test_planning_many_objects_takes_paginated_listings_and_one_footer_read_each(
+    s3: FaultProxy, moto_s3: MotoS3
+) -> None:
+    """A measurement's shape (benchmarks/listing.py runs it on 10,000 objects): listing
+    pages, not a request per object; one ranged GET per footer and no HEAD per file."""
+    objects = 1_200  # two listing pages of 1,000
+    put_objects(
+        moto_s3,
+        "bucket",
+        {f"many/p-{i:05d}.parquet": _encode(_table(i, rows=3), "parquet") for i in range(objects)},
+    )
+    s3.reset()
+    source = chute.FileSource("s3://bucket/many/")
+    units = source.plan()
+    assert len(units) == objects and sum(u.rows or 0 for u in units) == 3 * objects
+    counts = dict(s3.counts)
+    assert counts.get("LIST", 0) <= 3, counts  # 2 pages (+ the directory probe)
+    assert counts.get("HEAD", 0) <= 3, counts  # the bucket and the prefix, not each object
+    assert counts.get("GET", 0) == objects, counts  # one footer read per file
+    assert set(counts) <= {"LIST", "HEAD", "GET"}
+
+
+# --------------------------------------------------------------------------- 7. access
+
+
+@pytest.mark.timeout(60)
+def test_anonymous_access_sends_unsigned_requests(s3: FaultProxy, moto_s3: MotoS3) -> None:
+    upload(moto_s3, "parquet", units=2)
+    client = moto_s3.client()  # a public bucket, as the Ray seeds' air-example-data
+    client.put_bucket_acl(Bucket="bucket", ACL="public-read")
+    for key in list_keys(moto_s3, "bucket", "in/"):
+        client.put_object_acl(Bucket="bucket", Key=key, ACL="public-read")
+    report = _job("s3://anonymous@bucket/in/", "s3://bucket/out", "local").run()
+    assert report.rows_out == 2 * ROWS
+    gets = [p for m, p in s3.requests if m == "GET" and p.startswith("/bucket/in/")]
+    assert gets and s3.unsigned >= len(gets)  # the reads carried no signature
+    check_exactly_once(moto_s3, "out", units=2)
+
+
+@pytest.mark.timeout(120)
+def test_secrets_in_uris_never_reach_reports_ledgers_or_logs(
+    s3: FaultProxy, moto_s3: MotoS3, caplog: pytest.LogCaptureFixture
+) -> None:
+    upload(moto_s3, "parquet", units=3)
+    secret = "Sup3rS3cretValue"
+    s3.inject(slow_down=0.15)  # retries log warnings: they must not carry the secret either
+    with caplog.at_level("WARNING", logger="chute"):
+        report = _job(
+            f"s3://testing:{secret}@bucket/in/", f"s3://testing:{secret}@bucket/out", "local"
+        ).run()
+    s3.inject()
+    assert report.rows_out == 3 * ROWS
+    assert report.output == "s3://testing:***@bucket/out"
+    stored = [get_object(moto_s3, "bucket", k) for k in list_keys(moto_s3, "bucket", "out/_chute/")]
+    assert stored and not any(secret.encode() in blob for blob in stored)
+    assert secret not in caplog.text and secret not in str(report.to_dict())
+    with pytest.raises(chute.DataError) as info:
+        _job(f"s3://testing:{secret}@bucket/nothing-here/", "s3://bucket/o2", "local").run()
+    assert secret not in str(info.value) and "***" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_other_fsspec_schemes_go_through_pyarrow(tmp_path: Path) -> None:
+    """memory:// (fsspec's in-process store) as input and output, on the local engine."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for unit in range(3):
+        with memory.open(f"/chute-test/in/u{unit}.parquet", "wb") as f:
+            f.write(_encode(_table(unit), "parquet"))
+    try:
+        report = _job("memory://chute-test/in/", "memory://chute-test/out", "local").run()
+        assert report.rows_out == 3 * ROWS
+        manifest = json.loads(memory.cat("/chute-test/out/_chute/manifest.json"))
+        tables = [
+            pq.read_table(io.BytesIO(memory.cat(f"/chute-test/out/{f['path']}")))
+            for f in manifest["files"]
+        ]
+        ids = pa.concat_tables(tables).column("id").to_numpy()
+        assert sorted(ids.tolist()) == list(range(3 * ROWS))
+        assert memory.exists("/chute-test/out/_SUCCESS")
+    finally:
+        memory.rm("/chute-test", recursive=True)
+
+
+def test_a_scheme_whose_package_is_missing_says_what_to_install() -> None:
+    pytest.importorskip("fsspec")
+    try:
+        import gcsfs  # noqa: F401
+
+        pytest.skip("gcsfs is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ConfigError, match=r"pip install gcsfs"):
+        chute.FileSource("gs://some-bucket/data/").plan()
