@@ -541,6 +541,25 @@ def test_onnx_gpu_request_without_cuda_provider_fails_clearly(
     assert cpu.session.get_session_options().intra_op_num_threads == 1
 
 
+@pytest.mark.timeout(120)
+def test_onnx_on_the_cuda_provider_when_a_gpu_is_assigned(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        pytest.skip("no GPU path here: this onnxruntime has no CUDAExecutionProvider")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU on this machine")
+    clf, path = _onnx_classifier(data, tmp_path, zipmap=False)
+    spec = adapter("onnx", path=path)
+    frame = run(data, spec, resources=Resources(cpus=1, gpus=1))
+    np.testing.assert_array_equal(frame["m_label"], clf.predict(data["x"].astype(np.float32)))
+    x = data["x"].astype(np.float32)
+    np.testing.assert_allclose(lists(frame["m_probabilities"]), clf.predict_proba(x), atol=1e-4)
+
+
 # --- Keras ----------------------------------------------------------------------------------------
 
 
