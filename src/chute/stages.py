@@ -259,7 +259,7 @@ class ModelStage:
         """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""
         started = time.perf_counter()
         healthy = _healthy_rows(table)
-        view = table if healthy is None else table.take(pa.array(healthy))
+        view = table if healthy is None else table.filter(_mask(healthy, table.num_rows))
         pieces, failures = self._predict_isolating(view)
         positions = np.arange(view.num_rows) if healthy is None else healthy
         done = np.concatenate([positions[lo:hi] for lo, hi, _ in pieces] or [np.empty(0, int)])
@@ -405,6 +405,15 @@ def _healthy_rows(table: pa.Table) -> np.ndarray | None:
         return None
     failed = table.column(ERROR_MODEL).is_null().to_numpy(zero_copy_only=False)
     return None if failed.all() else np.flatnonzero(failed)
+
+
+def _mask(positions: np.ndarray, num_rows: int) -> pa.Array:
+    """A filter keeping ``positions`` (ascending): ``filter`` is as fast as ``take`` on plain
+    columns and 40 times faster on fixed-shape tensors (images), where ``take`` copies
+    element by element."""
+    mask = np.zeros(num_rows, dtype=bool)
+    mask[positions] = True
+    return pa.array(mask)
 
 
 def _scatter(
