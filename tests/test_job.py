@@ -380,3 +380,16 @@ def test_fingerprint_changes_when_an_input_file_is_rewritten(tmp_path: Any) -> N
     one = _job(source=FileSource(str(path))).fingerprint()
     path.write_text("x,z\n1,2\n3,4\n")
     assert _job(source=FileSource(str(path))).fingerprint() != one
+
+
+def test_trusting_a_pickle_is_not_a_change_of_job(tmp_path: Any) -> None:
+    from chute.models import adapter
+
+    (tmp_path / "m.skops").write_bytes(b"x")
+
+    def job(**options: Any) -> str:
+        spec = adapter("sklearn", path=str(tmp_path / "m.skops"), **options)
+        return _job(models=(Model("a", spec, inputs=("x",)),)).fingerprint()
+
+    assert job() == job(trust_pickle=True)
+    assert job() != job(method="predict_proba")

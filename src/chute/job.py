@@ -339,11 +339,15 @@ def _fn_name(fn: Any) -> str:
     return f"{name}#{_code_hash(target)}"
 
 
+_NOT_OUTPUT = frozenset({"trust_pickle"})
+"""Adapter options that permit a load but cannot change a prediction: not in the fingerprint."""
+
+
 def _adapter_name(spec: Any) -> str:
     """A built-in adapter: its kind, options and the identity of the artifacts it loads."""
     from chute.artifacts import identity
 
-    options = {k: _short_repr(v) for k, v in sorted(spec.options.items())}
+    options = {k: _short_repr(v) for k, v in sorted(spec.options.items()) if k not in _NOT_OUTPUT}
     artifacts = [identity(path) for path in spec.load_class(check=False).artifacts(spec.options)]
     blob = json.dumps([options, artifacts], sort_keys=True).encode()
     return f"adapter:{spec.kind}#{hashlib.sha256(blob).hexdigest()[:12]}"
