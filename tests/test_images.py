@@ -18,6 +18,7 @@ from chute.images import UNIT_IMAGES, ImageSource
 from chute.plan import build_plan
 from chute.sources import UnreadableRows, as_source
 from chute.stages import to_format
+from tests import s3server
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -246,3 +247,40 @@ def test_a_limit_cuts_the_images_read(images: Path) -> None:
     assert (
         report.result.column("path").to_pylist() == sorted(str(p) for p in images.iterdir())[:300]
     )
+
+
+# --------------------------------------------------------------------------- on S3
+
+moto_s3 = s3server.moto_s3  # the fixtures: a moto server on loopback, its proxy, a bucket
+s3_proxy = s3server.s3_proxy
+s3 = s3server.s3
+
+
+@pytest.mark.timeout(180)
+def test_images_in_a_bucket(
+    s3: s3server.FaultProxy, moto_s3: s3server.MotoS3, tmp_path: Path, engine: str
+) -> None:
+    _write(tmp_path / "local", 40)
+    files = sorted((tmp_path / "local").iterdir())
+    s3server.put_objects(moto_s3, "bucket", {f"imgs/{p.name}": p.read_bytes() for p in files})
+    spec = {
+        "input": {"path": "s3://bucket/imgs/", "format": "images", "size": [20, 20]},
+        "models": [
+            {
+                "name": "b",
+                "fn": f"{__name__}:Brightness",
+                "inputs": ["image"],
+                "batch_format": "numpy",
+            },
+        ],
+        "carryover": ["path"],
+        "output": {"path": str(tmp_path / "out")},
+        "engine": engine,
+    }
+    report = job_from_dict(spec).run()
+    out = pd.read_parquet(tmp_path / "out").sort_values("path")
+    assert report.rows_out == 40
+    assert [p.rsplit("/", 1)[1] for p in out.path] == [p.name for p in files]
+    for name, mean in zip(out.path, out.b_mean, strict=True):
+        local = tmp_path / "local" / name.rsplit("/", 1)[1]
+        assert mean == pytest.approx(_pillow(str(local), size=(20, 20)).astype(np.float64).mean())
