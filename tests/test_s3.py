@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ import chute
 from chute import ConfigError
 from chute.cli import main
 from chute.ledger import Ledger
-from chute.storage import resolve
+from chute.storage import StorageOptions, redact, resolve
 from tests import s3server
 from tests.chaos_job import (
     HERE,
@@ -565,3 +566,140 @@ def test_a_scheme_whose_package_is_missing_says_what_to_install() -> None:
         pass
     with pytest.raises(ConfigError, match=r"pip install gcsfs"):
         chute.FileSource("gs://some-bucket/data/").plan()
+
+
+# --------------------------------------------------------------------------- 8. units
+
+
+@pytest.mark.parametrize(
+    ("path", "scheme"),
+    [
+        pytest.param("data/x.parquet", "", id="relative"),
+        pytest.param("/abs/x", "", id="absolute"),
+        pytest.param("file:///abs/x", "file", id="file"),
+        pytest.param("s3://b/k", "s3", id="s3"),
+        pytest.param("S3A://b/k", "s3a", id="s3a"),
+        pytest.param("gs://b/k", "gs", id="gs"),
+    ],
+)
+def test_scheme_of(path: str, scheme: str) -> None:
+    from chute.storage import scheme_of
+
+    assert scheme_of(path) == scheme
+
+
+def test_redact_hides_secrets_and_keeps_the_rest() -> None:
+    assert redact("s3://AKIA:abc+/d@bucket/x y") == "s3://AKIA:***@bucket/x y"
+    assert redact("in s3://anonymous@bucket/x") == "in s3://anonymous@bucket/x"
+    assert redact("two: s3://k:s@a/x and gs://u:p@b/") == "two: s3://k:***@a/x and gs://u:***@b/"
+
+
+def test_storage_options_take_the_endpoint_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert StorageOptions().with_env().endpoint_url == "http://127.0.0.1:9"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:10")
+    assert StorageOptions().with_env().endpoint_url == "http://127.0.0.1:10"
+    explicit = StorageOptions(endpoint_url="https://minio.local")
+    assert explicit.with_env() is explicit
+    # carried by sources and sinks, filled in on the driver (workers may lack the variable)
+    assert chute.Sink("s3://b/o").storage == StorageOptions(endpoint_url="http://127.0.0.1:10")
+    with pytest.raises(ConfigError, match="needs a scheme"):
+        StorageOptions(endpoint_url="minio.local:9000")
+
+
+def test_storage_options_never_show_fsspec_option_values() -> None:
+    options = StorageOptions(options={"token": "abc123", "project": "p"})
+    assert "abc123" not in repr(options)
+    assert options.describe() == {"options": ["project", "token"]}
+
+
+def test_yaml_storage_section_reaches_source_and_sink(tmp_path: Path) -> None:
+    from chute.config import job_from_dict
+
+    job = job_from_dict(
+        {
+            "input": "s3://bucket/in/",
+            "models": [{"name": "m", "fn": "tests.test_s3:scale"}],
+            "output": "s3://bucket/out",
+            "storage": {"endpoint_url": "http://127.0.0.1:9000", "region": "eu-west-1"},
+        }
+    )
+    wanted = StorageOptions(endpoint_url="http://127.0.0.1:9000", region="eu-west-1")
+    assert job.output is not None and job.output.storage == wanted
+    assert job.source.storage == wanted  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"storage\.secret_key: unknown key"):
+        job_from_dict(
+            {
+                "input": "in/",
+                "models": [{"name": "m", "fn": "tests.test_s3:scale"}],
+                "output": "out/",
+                "storage": {"secret_key": "x"},
+            }
+        )
+
+
+@pytest.mark.parametrize(
+    ("message", "transient"),
+    [
+        ("AWS Error SLOW_DOWN during PutObject operation: Please reduce your request rate.", True),
+        ("AWS Error INTERNAL_FAILURE during GetObject operation: ", True),
+        (
+            "AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 52, Empty reply",
+            True,
+        ),
+        ("AWS Error SERVICE_UNAVAILABLE during ListObjectsV2 operation", True),
+        ("AWS Error ACCESS_DENIED during HeadBucket operation: No response body.", False),
+        ("AWS Error NO_SUCH_BUCKET during ListObjectsV2 operation: connection", False),
+        ("AWS Error INVALID_ACCESS_KEY_ID during ListObjectsV2 operation", False),
+        ("Couldn't deserialize thrift: corrupt data", False),
+    ],
+)
+def test_storage_errors_are_classified(message: str, transient: bool) -> None:
+    from chute.retry import transient as is_transient
+
+    assert is_transient(OSError(message)) is transient
+
+
+def test_the_object_layout_also_works_on_a_local_directory(tmp_path: Path) -> None:
+    """One design for both: a local ledger can be objects per commit batch too."""
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False, objects=True)
+    ledger.commit([{"unit": "u1", "index": 0, "rows": 3, "parts": ["p1"]}])
+    ledger.commit([{"unit": "u2", "index": 1, "rows": 4, "parts": ["p2"], "files": [["p2", 4, 9]]}])
+    names = sorted(p.name for p in (tmp_path / "_chute" / "ledger").iterdir())
+    assert [n.split("-")[0] for n in names] == ["00000000", "00000001"]
+    again = Ledger.open(str(tmp_path), "fp", {}, False)  # reads both layouts
+    assert set(again.entries) == {"u1", "u2"}
+    manifest = again.manifest("fp")
+    assert manifest["files"] == [
+        {"path": "p1", "rows": None, "bytes": None},
+        {"path": "p2", "rows": 4, "bytes": 9},
+    ]
+    resumed = Ledger.open(str(tmp_path), "fp", {}, False, objects=True)
+    resumed.commit([{"unit": "u3", "index": 2, "rows": 1, "parts": []}])
+    assert (
+        sorted(p.name.split("-")[0] for p in (tmp_path / "_chute" / "ledger").iterdir())[-1]
+        == "00000002"
+    )  # numbering goes on after a resume
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_endpoint_fails_at_planning_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    storage = StorageOptions(endpoint_url=f"http://127.0.0.1:{port}", retries=2)
+    model = chute.Model("m", _never, inputs=("x",), batch_format="numpy")
+    job = chute.Job(
+        chute.FileSource("s3://bucket/in/", storage=storage),
+        (model,),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(ConfigError) as info:
+        job.run()
+    text = str(info.value)
+    assert f"the input bucket 'bucket' at http://127.0.0.1:{port}" in text
+    assert "Check the endpoint" in text

@@ -41,7 +41,7 @@ DEFAULT_RETRIES = 6
 """Attempts per S3 request (the AWS SDK's standard strategy: throttling, 5xx, dropped
 connections, with exponential backoff and jitter). chute's own bounded retries wrap it."""
 
-_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]+):[^/@\s]*@")
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]+):[^@\s]*@")
 _SECRET_KEYS = re.compile(r"key|secret|token|password|credential|sas", re.IGNORECASE)
 
 
@@ -298,7 +298,8 @@ def check(path: str, storage: StorageOptions | None = None, what: str = "input")
     try:
         info = fs.get_file_info(bucket)
     except OSError as exc:
-        raise storage_error(_detailed(fs, root, exc), path, what, storage) from exc
+        detailed = _detailed(fs, root, exc) if permanent(exc) else exc
+        raise storage_error(detailed, path, what, storage) from exc
     if info.type == pafs.FileType.NotFound:
         raise ConfigError(
             f"the {what} bucket {bucket!r} ({redact(path)}) does not exist"
@@ -330,10 +331,15 @@ def storage_error(
             "The credentials were refused: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
             "AWS_PROFILE or ~/.aws/credentials (use s3://anonymous@bucket/… for public data)."
         )
-    else:
+    elif re.search(r"ACCESS_DENIED|AccessDenied|403|Forbidden", text):
         fix = (
             "Access was denied: give these credentials read (input) or write (output) "
             "access to the bucket, or use s3://anonymous@bucket/… for public data."
+        )
+    else:
+        fix = (
+            "Check the endpoint (storage.endpoint_url or AWS_ENDPOINT_URL), the region and "
+            "the network; the request was retried before giving up."
         )
     reason = redact(text).rstrip(". ")
     return ConfigError(f"cannot reach {where}{_where(storage)}: {reason}. {fix}")
