@@ -322,3 +322,37 @@ def test_sentence_transformers_equals_encode(normalize: bool, engine: str) -> No
     assert cosine(got, direct).min() >= 0.9999
     if normalize:
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_a_corrupt_image_is_quarantined_and_the_rest_predicted(vit: str, tmp_path: Path) -> None:
+    """The CPU step fails on the batch holding a corrupt image: that batch goes on
+    unprepared, and the model stage isolates the one bad row."""
+    pictures = images()
+    encoded = [png(p) for p in pictures]
+    encoded[2] = b"not an image"
+    table = pa.table({"id": np.arange(len(encoded)), "image": encoded})
+    model = chute.Model(
+        "m",
+        adapter("transformers", path=vit, task="image-classification"),
+        inputs=["image"],
+        on_error="quarantine",
+    )
+    out = tmp_path / "out"
+    report = chute.Job(
+        source=chute.TableSource(table),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine="local",
+    ).run()
+    import pandas as pd
+
+    result = pd.read_parquet(out).sort_values("id")
+    errors = pd.read_parquet(out / "_errors")
+    assert report.rows_failed == 1 and errors.id.tolist() == [2]
+    good = [p for i, p in enumerate(pictures) if i != 2]
+    expected = [r[0] for r in pipeline("image-classification", vit)(good)]
+    assert result.id.tolist() == [0, 1, 3, 4, 5, 6]
+    assert result.m_label.tolist() == [e["label"] for e in expected]
+    np.testing.assert_allclose(result.m_score, [e["score"] for e in expected], atol=1e-5)
