@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
 import chute
+from chute.cli import main
 from chute.config import job_from_dict
 from chute.job import AUTO_BATCH_ROWS
 from chute.oom import is_out_of_memory
@@ -190,6 +192,11 @@ def test_out_of_memory_split_end_to_end(tmp_path: Path, engine: str) -> None:
     assert "model m │ 2 out-of-memory splits, batch now 256 rows" in text
     saved = json.loads((out / "_chute" / "report.json").read_text())
     assert saved["stages"]["m"]["oom_splits"] == 2 and saved["stages"]["m"]["batch_rows"] == 256
+    status = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["status", str(out)])
+    assert "model m: 2 out-of-memory splits, batch now 256 rows" in status.output
+    assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0  # writes report.html
+    html = (out / "_chute" / "report.html").read_text()
+    assert "2 out-of-memory splits, batch now 256 rows" in html
 
 
 def test_auto_parses_in_python_and_yaml() -> None:
