@@ -356,3 +356,15 @@ def test_a_corrupt_image_is_quarantined_and_the_rest_predicted(vit: str, tmp_pat
     assert result.id.tolist() == [0, 1, 3, 4, 5, 6]
     assert result.m_label.tolist() == [e["label"] for e in expected]
     np.testing.assert_allclose(result.m_score, [e["score"] for e in expected], atol=1e-5)
+
+
+def test_two_input_columns_are_refused(classifier: str) -> None:
+    table = texts_table().append_column("other", pa.array(SENTENCES))
+    model = chute.Model(
+        "m",
+        adapter("transformers", path=classifier, task="text-classification"),
+        inputs=["text", "other"],
+        on_error="quarantine",
+    )
+    with pytest.raises(chute.ModelError, match=r"takes one input column.*inputs: \[<column>\]"):
+        chute.predict(table, model, engine="local")

@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, did_you_mean
+from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns
 from chute.models.common import rename
 from chute.models.sbert import offline_hub
@@ -127,7 +127,7 @@ class Prepare:
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Array]:
         if batch.num_columns != 1:
-            raise ConfigError(
+            raise ModelError(
                 f"model {self.model!r} ({self.task}) takes one input column, got "
                 f"{batch.column_names}: set `inputs: [<column>]`."
             )
@@ -232,12 +232,8 @@ class TransformersAdapter(Adapter):
         import torch
 
         columns = prepared_columns(batch)
-        if columns is None:
-            columns = self.prepare(batch.select([batch.column_names[0]]))
-        columns = {
-            k: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
-            for k, v in columns.items()
-        }
+        if columns is None:  # not prepared on a CPU worker (a direct call, a failed step)
+            columns = self.prepare(batch)
         with torch.inference_mode():
             out = self._run(columns, batch.num_rows)
         return rename(out, self.options.get("outputs") or {})

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError
+from chute.errors import ConfigError, ModelError
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import rename
 from chute.models.torchmodel import check_options, fixed_size_list
@@ -36,7 +36,7 @@ def offline_hub() -> None:
 def text_column(batch: pa.Table, model: str) -> list[str]:
     """The batch's one text column as Python strings."""
     if batch.num_columns != 1:
-        raise ConfigError(
+        raise ModelError(
             f"model {model!r} takes one text column, got {batch.column_names}: "
             "set `inputs: [<text column>]`."
         )
