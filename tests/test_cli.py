@@ -122,7 +122,9 @@ def test_validate_and_plan_run_nothing(job_dir: Path) -> None:
     code, out = invoke("plan", str(job_dir / "job.yaml"))
     assert code == 0, out
     assert "12 unit(s), 24,000 rows" in out
+    assert "parquet at " in out  # what the input is
     assert "local" in out and "tip" in out and "double" in out
+    assert "chute.demo:tip_model" in " ".join(out.split()).replace(" ", "")  # what it runs
     code, out = invoke("plan", str(job_dir / "job.yaml"), "--engine", "ray")
     assert code == 0, out
     assert "ray" in out and "a local Ray on this machine" in out

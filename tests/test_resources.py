@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chute import Model, Pool, ResourceError, Resources
-from chute.engines.resources import Cluster, StageResources, plan_resources
+from chute.engines.resources import Cluster, StageResources, local_replicas, plan_resources
 
 GiB = 2**30
 
@@ -198,3 +198,19 @@ def test_cluster_from_ray_resources() -> None:
     cluster = Cluster.from_ray({"CPU": 4.0, "GPU": 1.0, "memory": 1e9, "node:x": 1.0})
     assert cluster == Cluster(cpus=4.0, gpus=1.0, memory=1e9)
     assert Cluster.from_ray({}) == Cluster(cpus=0.0, gpus=0.0, memory=None)
+
+
+@pytest.mark.parametrize(
+    ("pool", "cpus", "cores", "replicas"),
+    [
+        pytest.param(Pool(), None, 8, 1, id="default-one"),
+        pytest.param(Pool.fixed(3), 1.0, 2, 3, id="fixed-as-given"),
+        pytest.param(Pool(min=1, max=8), 1.0, 2, 2, id="range-fits-the-cores"),
+        pytest.param(Pool(min=1, max=8), 0.5, 2, 4, id="half-cpu-replicas"),
+        pytest.param(Pool(min=3, max=8), 1.0, 2, 3, id="never-below-min"),
+        pytest.param(Pool(min=1, max=2), 0.25, 16, 2, id="never-above-max"),
+    ],
+)
+def test_local_replicas(pool: Pool, cpus: float | None, cores: int, replicas: int) -> None:
+    model = Model("m", lambda b: b, pool=pool, resources=Resources(cpus=cpus))
+    assert local_replicas(model, cores) == replicas

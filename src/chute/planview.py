@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow.fs as pafs
@@ -10,13 +9,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from chute.engines.resources import Cluster, StageResources, plan_resources
+from chute.engines.resources import Cluster, StageResources, local_replicas, plan_resources
 from chute.errors import JobStateError
 from chute.job import Job
 from chute.ledger import META_DIR, SUCCESS, Ledger
+from chute.models import AdapterSpec
 from chute.plan import Plan, build_plan
 from chute.report import Report, memory_notes
 from chute.sinks import output_filesystem
+from chute.storage import redact
 
 
 def stage_resources(plan: Plan) -> tuple[list[StageResources], str]:
@@ -29,8 +30,8 @@ def stage_resources(plan: Plan) -> tuple[list[StageResources], str]:
                 m.resources.cpus or 1.0,
                 m.resources.gpus,
                 m.resources.memory,
-                _local_replicas(m.pool.min, m.pool.max),
-                _local_replicas(m.pool.min, m.pool.max),
+                local_replicas(m),
+                local_replicas(m),
             )
             for m in models
         ], "the local engine: replicas are threads in this process"
@@ -46,10 +47,6 @@ def stage_resources(plan: Plan) -> tuple[list[StageResources], str]:
     return plan_resources(models, here), f"a local Ray on this machine ({here.cpus:g} CPUs)"
 
 
-def _local_replicas(low: int, high: int | None) -> int:
-    return high if high is not None else low
-
-
 def render_plan(job: Job) -> RenderableType:
     plan = build_plan(job)
     resources, basis = stage_resources(plan)
@@ -60,20 +57,22 @@ def render_plan(job: Job) -> RenderableType:
     head.add_row("engine", f"{plan.engine} — {plan.engine_reason}")
     head.add_row(
         "input",
-        json.dumps(job.source.describe().get("format", ""))
-        + f", {len(plan.units)} unit(s), "
+        _source_line(job.source)
+        + f": {len(plan.units)} unit(s), "
         + (f"{rows:,} rows" if rows is not None else "rows unknown until read"),
     )
     head.add_row("columns read", ", ".join(plan.read_columns) if plan.read_columns else "all")
     head.add_row("carryover", ", ".join(plan.carryover) or "(none)")
     head.add_row("output", f"{job.output.path} ({job.output.format})" if job.output else "memory")
     stages = Table(title=f"model stages (resources for {basis})", title_justify="left")
-    for col in ("model", "inputs", "batch rows", "format", "cpus", "gpus", "memory", "pool"):
+    for col in ("model", "runs", "inputs", "batch rows", "format", "cpus", "gpus", "memory"):
         stages.add_column(col, overflow="fold")
+    stages.add_column("pool")
     notes = []
     for stage, res in zip(plan.stages, resources, strict=True):
         stages.add_row(
             stage.model.name,
+            runs(stage.model.fn),
             ", ".join(stage.inputs),
             f"{stage.batch_rows:,}" + (" (auto)" if stage.model.batch_size.auto else ""),
             stage.batch_format,
@@ -85,6 +84,26 @@ def render_plan(job: Job) -> RenderableType:
         if res.note:
             notes.append(Text(f"{stage.model.name}: {res.note}"))
     return Group(head, stages, *notes)
+
+
+def _source_line(source: object) -> str:
+    """``parquet: data/taxi`` or ``memory``: what the input is, briefly."""
+    paths = getattr(source, "paths", None)
+    if isinstance(paths, list) and paths:
+        where = redact(str(paths[0])) + (f" (+{len(paths) - 1} more)" if len(paths) > 1 else "")
+        return f"{getattr(source, 'format', None) or 'files'} at {where}"
+    return "in-memory data"
+
+
+def runs(fn: object) -> str:
+    """What a model stage runs: a built-in adapter and its artifact, or the code's name."""
+    if isinstance(fn, AdapterSpec):
+        path = fn.options.get("path")
+        return f"{fn.kind}: {os.path.basename(str(path))}" if path else fn.kind
+    if isinstance(fn, str):
+        return fn if len(fn) <= 60 else "…" + fn[-59:]
+    target = fn if isinstance(fn, type) or hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
 
 
 def rewrite_report(output: str) -> tuple[Report, str]:

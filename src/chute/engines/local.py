@@ -23,7 +23,7 @@ from functools import partial
 
 import pyarrow as pa
 
-from chute.engines.resources import check_local
+from chute.engines.resources import check_local, local_replicas
 from chute.plan import Plan, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter
@@ -210,8 +210,7 @@ class _Run:
             name, prepared = f"{stage.model.name}.prepare", self._channel(1)
             self._spawn(name, 1, partial(self._map, prepare, name, channel, prepared))
             channel = prepared
-        pool = stage.model.pool
-        replicas = pool.max if pool.max is not None else pool.min
+        replicas = local_replicas(stage.model)
         out = self._channel(replicas)
         batches = Rebatcher(channel, stage.batch_rows)
         self._spawn(stage.model.name, replicas, partial(self._replica, stage, batches, out))

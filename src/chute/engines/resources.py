@@ -126,6 +126,18 @@ def _floor4(cpus: float) -> float:
     return math.floor(cpus * 10_000 + 1e-6) / 10_000
 
 
+def local_replicas(model: Model, cores: int | None = None) -> int:
+    """Replica threads of ``model`` on the local engine: a fixed pool as given; an
+    autoscaling range as many as this machine's cores hold at the model's CPUs per replica,
+    within the range (``max: None`` means ``min``: one replica by default)."""
+    pool = model.pool
+    if pool.max is None or pool.max == pool.min:
+        return pool.min
+    cores = cores or os.cpu_count() or 1
+    fit = int(cores // (model.resources.cpus or 1.0))
+    return max(pool.min, min(pool.max, fit))
+
+
 def local_gpus() -> int:
     """GPUs this process can see: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
