@@ -284,3 +284,14 @@ def test_images_in_a_bucket(
     for name, mean in zip(out.path, out.b_mean, strict=True):
         local = tmp_path / "local" / name.rsplit("/", 1)[1]
         assert mean == pytest.approx(_pillow(str(local), size=(20, 20)).astype(np.float64).mean())
+
+
+def test_a_decompression_bomb_is_an_unreadable_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path, 2)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 40×30 is now over twice the limit
+    with pytest.raises(UnreadableRows) as info:
+        _read_all(ImageSource(str(tmp_path), size=(4, 4)))
+    assert [row for row, _ in info.value.bad] == [0, 1]
+    assert "decompression bomb" in str(info.value)

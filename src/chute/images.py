@@ -213,7 +213,7 @@ class ImageSource(FileSource):
             if self.options.size is not None and (image.height, image.width) != shape[:2]:
                 image = image.resize((shape[1], shape[0]), _pil().Resampling.BILINEAR)
             array = np.asarray(image, dtype=np.uint8)
-        except (OSError, SyntaxError, ValueError) as exc:
+        except (OSError, SyntaxError, ValueError, _pil().DecompressionBombError) as exc:
             raise DataError(f"cannot decode image {path!r}: {exc}") from exc
         array = array.reshape(*array.shape[:2], -1)
         if array.shape != shape:
@@ -261,7 +261,7 @@ def _open_image(data: bytes, path: str) -> Any:
         raise DataError(
             f"cannot decode image {path!r}: not a JPEG or PNG image that Pillow can read."
         ) from exc
-    except (OSError, SyntaxError, ValueError) as exc:
+    except (OSError, SyntaxError, ValueError, image.DecompressionBombError) as exc:
         raise DataError(f"cannot decode image {path!r}: {exc}") from exc
 
 
