@@ -279,3 +279,17 @@ def test_yaml_job_with_a_module_file_next_to_it(mlp: Any, rows: pa.Table, tmp_pa
     assert result.column_names == ["id", "mlp_logits", "mlp_label", "mlp_score"]
     logits = np.stack(result.column("mlp_logits").to_numpy(zero_copy_only=False))
     np.testing.assert_allclose(logits, direct(mlp, rows), atol=1e-5)
+
+
+class ArgMax(torch.nn.Module):  # type: ignore[misc]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(dim=1)
+
+
+def test_embedding_task_and_integer_outputs(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
+    frame = run(rows, "local", path=save_torchscript(mlp, tmp_path / "m.ts"), task="embedding")
+    np.testing.assert_allclose(matrix(frame, "mlp_embedding"), direct(mlp, rows), atol=1e-5)
+    frame = run(rows, "local", path=save_torchscript(ArgMax(), tmp_path / "argmax.ts"))
+    x = np.column_stack([rows.column(f"f{i}").to_numpy() for i in range(FEATURES)])
+    assert frame["mlp_value"].dtype == np.int64
+    assert frame["mlp_value"].tolist() == x.argmax(axis=1).tolist()

@@ -20,10 +20,11 @@ moved to the replica's device (``cuda`` when it holds a GPU) and cast to ``dtype
 
 Outputs (named ``<model>_<column>``):
 
-* a 1-D output, or 2-D with one column: ``value`` (float32);
-* a 2-D output: ``output``, a fixed-size list of float32; with ``task: classification``
-  instead ``logits`` (that list), ``label`` (the argmax, or its name from ``labels``)
-  and ``score`` (its softmax probability);
+* a 1-D output, or 2-D with one column: ``value`` (float32; integers stay integers);
+* a 2-D output: ``output``, a fixed-size list of float32 (``embedding`` with
+  ``task: embedding``); with ``task: classification`` instead ``logits`` (that list),
+  ``label`` (the argmax, or its name from ``labels``) and ``score`` (its softmax
+  probability);
 * more dimensions: ``output``, the trailing dimensions flattened into a fixed-size list;
 * a tuple or dict of tensors: one column per element (``output_0``, ... or the keys),
   each shaped as above.
@@ -268,14 +269,16 @@ def tensor_columns(out: Any, task: str, labels: Sequence[Any] | None = None) -> 
     """Output columns for one output tensor (see the module docstring)."""
     import torch
 
-    array = out.detach().to(device="cpu", dtype=torch.float32).numpy()
-    if array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1 and task != "classification"):
+    tensor = out.detach().cpu()
+    array = tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
+    if array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1 and task == "regression"):
         return {"value": pa.array(array.reshape(-1))}
-    flat = array.reshape(array.shape[0], -1)
-    values = fixed_size_list(flat)
+    values = fixed_size_list(array.reshape(array.shape[0], -1))
+    if task == "embedding":
+        return {"embedding": values}
     if task != "classification" or array.ndim != 2:
         return {"output": values}
-    probs = torch.softmax(out.detach().float(), dim=1).cpu().numpy()
+    probs = torch.softmax(tensor.float(), dim=1).numpy()
     index = probs.argmax(axis=1)
     score = pa.array(probs[np.arange(len(index)), index].astype(np.float32))
     label = pa.array([labels[i] for i in index]) if labels else pa.array(index.astype(np.int64))
