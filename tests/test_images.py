@@ -108,6 +108,7 @@ def test_a_folder_a_glob_and_a_list_are_inferred_as_images(images: Path, tmp_pat
     [
         pytest.param({"mode": "CMYK"}, "image mode 'CMYK' is not supported", id="mode"),
         pytest.param({"size": (0, 3)}, "image size [0, 3] is not valid", id="size"),
+        pytest.param({"size": (4, 4, 3)}, "image size [4, 4, 3] is not valid", id="three"),
     ],
 )
 def test_bad_options_are_config_errors(images: Path, options: dict[str, Any], message: str) -> None:

@@ -76,12 +76,9 @@ class ImageOptions:
                 f"image mode {self.mode!r} is not supported: use one of {', '.join(MODES)}."
             )
         if self.size is not None:
-            size = tuple(self.size)
-            if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
-                raise ConfigError(
-                    f"image size {list(self.size)!r} is not valid: give [height, width], "
-                    "two positive ints, e.g. size: [224, 224]."
-                )
+            size = _pair(self.size)
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size):
+                raise _bad_size(self.size)
             object.__setattr__(self, "size", size)
         if self.unit_images < 1:
             raise ConfigError(f"unit_images must be >= 1, got {self.unit_images}.")
@@ -107,7 +104,7 @@ class ImageSource(FileSource):
         storage: StorageOptions | None = None,
     ) -> None:
         super().__init__(path, "images", storage)
-        self.options = ImageOptions(tuple(size) if size is not None else None, mode, unit_images)  # type: ignore[arg-type]
+        self.options = ImageOptions(_pair(size), mode, unit_images)
         self._shape: tuple[int, int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -241,6 +238,23 @@ class ImageSource(FileSource):
             **super().describe(),
             "images": {"size": size, "mode": options.mode, "unit_images": options.unit_images},
         }
+
+
+def _pair(size: Sequence[int] | None) -> Any:
+    """``size`` as a ``(height, width)`` tuple; ``None`` stays ``None``."""
+    if size is None:
+        return None
+    values = tuple(size)
+    if len(values) != 2:
+        raise _bad_size(size)
+    return values
+
+
+def _bad_size(size: Sequence[int]) -> ConfigError:
+    return ConfigError(
+        f"image size {list(size)!r} is not valid: give [height, width], two positive ints, "
+        "e.g. size: [224, 224]."
+    )
 
 
 def _pil() -> Any:
