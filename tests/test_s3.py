@@ -703,3 +703,33 @@ def test_an_unreachable_endpoint_fails_at_planning_naming_it(tmp_path: Path) -> 
     text = str(info.value)
     assert f"the input bucket 'bucket' at http://127.0.0.1:{port}" in text
     assert "Check the endpoint" in text
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_storage_options_travel_to_ray_workers(
+    s3: FaultProxy, moto_s3: MotoS3, ray_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint is given only in the job's options and is one no worker's environment
+    names (a second proxy): the workers' reads and writes must reach it."""
+    upload(moto_s3, "parquet", units=3)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    other = FaultProxy(moto_s3.endpoint)
+    try:
+        storage = StorageOptions(endpoint_url=other.endpoint)
+        model = chute.Model("m", scale, inputs=("id", "x"), batch_format="numpy")
+        job = chute.Job(
+            source=chute.FileSource("s3://bucket/in/", storage=storage),
+            models=(model,),
+            carryover=("id",),
+            output=chute.Sink("s3://bucket/out", storage=storage),
+            engine="ray",
+        )
+        s3.reset()
+        assert job.run().rows_out == 3 * ROWS
+        part_puts = [p for m, p in other.requests if m == "PUT" and "/part-" in p]
+        assert len(part_puts) >= 3  # written by the workers, through the carried endpoint
+        assert not [p for m, p in s3.requests if "/part-" in p]
+    finally:
+        other.stop()
+    check_exactly_once(moto_s3, "out", units=3)
