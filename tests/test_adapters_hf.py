@@ -368,3 +368,27 @@ def test_two_input_columns_are_refused(classifier: str) -> None:
     )
     with pytest.raises(chute.ModelError, match=r"takes one input column.*inputs: \[<column>\]"):
         chute.predict(table, model, engine="local")
+
+
+def test_image_classification_from_an_image_folder(vit: str, tmp_path: Path) -> None:
+    """The image source's decoded ``(H, W, C)`` tensors feed the classifier."""
+    from PIL import Image
+
+    from chute.images import ImageSource
+
+    pictures = images()[:5]  # the random ones: all 40 x 48
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(pictures):
+        image.save(folder / f"{i}.png")
+    model = chute.Model(
+        "m", adapter("transformers", path=vit, task="image-classification"), inputs=["image"]
+    )
+    job = chute.Job(source=ImageSource(str(folder)), models=(model,), carryover=("path",))
+    report = job.run()
+    assert report.result is not None
+    frame = report.result.to_pandas().sort_values("path")
+    decoded = [Image.open(folder / f"{i}.png") for i in range(len(pictures))]
+    expected = [r[0] for r in pipeline("image-classification", vit)(decoded)]
+    assert frame["m_label"].tolist() == [e["label"] for e in expected]
+    np.testing.assert_allclose(frame["m_score"], [e["score"] for e in expected], atol=1e-5)

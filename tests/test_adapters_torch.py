@@ -293,3 +293,51 @@ def test_embedding_task_and_integer_outputs(mlp: Any, rows: pa.Table, tmp_path: 
     x = np.column_stack([rows.column(f"f{i}").to_numpy() for i in range(FEATURES)])
     assert frame["mlp_value"].dtype == np.int64
     assert frame["mlp_value"].tolist() == x.argmax(axis=1).tolist()
+
+
+class TinyConv(torch.nn.Module):  # type: ignore[misc]
+    """An image classifier over ``(N, 3, H, W)`` float pixels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, kernel_size=3)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.conv(x / 255.0)).mean(dim=(2, 3))
+        return self.head(features)
+
+
+@pytest.mark.timeout(180)
+def test_image_files_feed_a_torch_classifier(tmp_path: Path, engine: str) -> None:
+    """Images decoded in the CPU read stage, ``(H, W, C)`` uint8, to a conv net."""
+    from PIL import Image
+
+    from chute.images import ImageSource
+
+    rng = np.random.default_rng(4)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    pixels = rng.integers(0, 255, size=(12, 16, 20, 3), dtype=np.uint8)
+    for i, image in enumerate(pixels):
+        Image.fromarray(image).save(folder / f"{i:02d}.png")
+    torch.manual_seed(3)
+    net = TinyConv().eval()
+    torch.jit.script(net).save(str(tmp_path / "conv.ts"))
+    model = chute.Model(
+        "cls",
+        adapter(
+            "torch", path=str(tmp_path / "conv.ts"), task="classification", channels_first=True
+        ),
+        inputs=["image"],
+        batch_size=5,
+    )
+    report = chute.Job(
+        source=ImageSource(str(folder)), models=(model,), carryover=("path",), engine=engine
+    ).run()  # type: ignore[arg-type]
+    assert report.result is not None
+    frame = report.result.to_pandas().sort_values("path")
+    with torch.inference_mode():
+        logits = net(torch.from_numpy(pixels).permute(0, 3, 1, 2).float()).numpy()
+    np.testing.assert_allclose(np.stack(frame["cls_logits"].to_numpy()), logits, atol=1e-5)
+    assert frame["cls_label"].tolist() == logits.argmax(axis=1).tolist()

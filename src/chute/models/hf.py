@@ -172,6 +172,8 @@ def _nested_list(array: np.ndarray) -> pa.Array:
 
 
 def _image_values(column: pa.ChunkedArray) -> list[Any]:
+    if isinstance(column.type, pa.FixedShapeTensorType):  # decoded by the image source
+        return list(column.combine_chunks().to_numpy_ndarray())
     if pa.types.is_fixed_size_list(column.type):
         from chute.models.torchmodel import nested_array
 
@@ -187,7 +189,10 @@ def _image(value: Any) -> Any:
         return Image.open(io.BytesIO(value)).convert("RGB")
     if isinstance(value, str):
         return Image.open(local_path(value, "image")).convert("RGB")
-    return Image.fromarray(np.asarray(value, dtype=np.uint8)).convert("RGB")
+    pixels = np.asarray(value, dtype=np.uint8)
+    if pixels.ndim == 3 and pixels.shape[2] == 1:  # (H, W, 1): grey
+        pixels = pixels[:, :, 0]
+    return Image.fromarray(pixels).convert("RGB")
 
 
 class TransformersAdapter(Adapter):

@@ -13,7 +13,9 @@ a TorchScript archive is ``torch.jit.load``-ed. A fully pickled module
 ``trust_pickle: true``.
 
 Inputs: a single fixed-size-list (or fixed-shape tensor) column is used as the batch
-tensor as it is (nested fixed-size lists keep their shape); otherwise the input columns
+tensor as it is (nested fixed-size lists keep their shape; ``channels_first: true`` turns
+``(N, H, W, C)`` images, as the image source decodes them, into ``(N, C, H, W)``; ``uint8``
+pixels become floats of ``dtype``, unscaled); otherwise the input columns
 are stacked, in order, into one ``(rows, columns)`` float tensor. Inputs and model are
 moved to the replica's device (``cuda`` when it holds a GPU) and cast to ``dtype``
 (``float32`` unless told ``float16`` or ``bfloat16``).
@@ -49,7 +51,18 @@ from chute.models.pickles import trusts_pickle, untrusted_error
 
 DTYPES = ("float32", "float16", "bfloat16")
 TASKS = ("regression", "classification", "embedding")
-OPTIONS = ("path", "module", "args", "kwargs", "strict", "task", "dtype", "labels", "outputs")
+OPTIONS = (
+    "path",
+    "module",
+    "args",
+    "kwargs",
+    "strict",
+    "task",
+    "dtype",
+    "labels",
+    "outputs",
+    "channels_first",
+)
 COMMON = ("trust_pickle",)
 
 
@@ -100,7 +113,8 @@ class TorchAdapter(Adapter):
         import torch
 
         with torch.inference_mode():
-            tensor = to_tensor(batch, self.device, self.dtype)
+            channels_first = bool(self.options.get("channels_first", False))
+            tensor = to_tensor(batch, self.device, self.dtype, channels_first)
             out = self.module(tensor)
         return rename(self._columns(out), self.options.get("outputs") or {})
 
@@ -254,15 +268,21 @@ def nested_array(column: pa.Array) -> np.ndarray:
     return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(shape)
 
 
-def to_tensor(batch: pa.Table, device: Any, dtype: Any) -> Any:
-    """The batch as a tensor on ``device``; floating inputs are cast to ``dtype``."""
+def to_tensor(batch: pa.Table, device: Any, dtype: Any, channels_first: bool = False) -> Any:
+    """The batch as a tensor on ``device``. Floating and ``uint8`` (image) inputs are cast
+    to ``dtype``; other integers (token ids) are kept. ``channels_first`` turns
+    ``(N, H, W, C)`` images into ``(N, C, H, W)``."""
     import torch
 
     array = np.ascontiguousarray(to_numpy(batch))
     tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
-    if tensor.is_floating_point():
-        return tensor.to(device=device, dtype=dtype)
-    return tensor.to(device=device)
+    if tensor.is_floating_point() or tensor.dtype == torch.uint8:
+        tensor = tensor.to(device=device, dtype=dtype)
+    else:
+        tensor = tensor.to(device=device)
+    if channels_first and tensor.ndim == 4:
+        tensor = tensor.permute(0, 3, 1, 2).contiguous()
+    return tensor
 
 
 def tensor_columns(out: Any, task: str, labels: Sequence[Any] | None = None) -> dict[str, pa.Array]:
