@@ -733,3 +733,27 @@ def test_storage_options_travel_to_ray_workers(
     finally:
         other.stop()
     check_exactly_once(moto_s3, "out", units=3)
+
+
+def test_many_ledger_objects_are_merged_on_resume(tmp_path: Path) -> None:
+    from chute.ledger import COMPACT_AT
+
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False, objects=True)
+    for i in range(COMPACT_AT + 6):
+        ledger.commit([{"unit": f"u{i}", "index": i, "rows": 1, "parts": [f"p{i}"]}])
+    folder = tmp_path / "_chute" / "ledger"
+    assert len(list(folder.iterdir())) == COMPACT_AT + 6
+    again = Ledger.open(str(tmp_path), "fp", {}, False, objects=True)
+    assert len(again.entries) == COMPACT_AT + 6
+    assert len(list(folder.iterdir())) == 1  # merged into one object
+    assert Ledger.open(str(tmp_path), "fp", {}, False, objects=True).entries == again.entries
+
+
+def test_ledger_objects_are_batched_more_widely_as_a_run_goes_on(tmp_path: Path) -> None:
+    objects = Ledger.open(str(tmp_path / "a"), "fp", {}, False, objects=True)
+    assert not objects.flush_due(waited=0.5, elapsed=10)
+    assert objects.flush_due(waited=1.0, elapsed=10)
+    assert not objects.flush_due(waited=5.0, elapsed=1_000)  # 1% of the run: 10 s
+    assert objects.flush_due(waited=30.0, elapsed=36_000)  # never more than 30 s
+    appends = Ledger.open(str(tmp_path / "b"), "fp", {}, False)
+    assert appends.flush_due(waited=0.0, elapsed=1_000)

@@ -9,10 +9,12 @@
   - on a local filesystem, ``ledger.jsonl``, appended to (a torn last line is ignored);
   - on an object store, which has neither append nor rename, one object per commit batch,
     ``ledger/<seq>-<uuid>.jsonl``, each written whole in one PUT. The driver batches the
-    units that complete close together (see :attr:`Ledger.batch_seconds`) so that a job
-    of many units writes a few objects a second at most; a unit counts as committed only
-    once its object exists. Resuming lists ``ledger/`` (one request per 1,000 objects)
-    and merges what it finds. Both layouts are read everywhere, so either resumes.
+    units that complete close together (see :meth:`Ledger.flush_due`: at most one object a
+    second, and one per 1% of the run's time so far, up to 30 s, so a ten-hour job
+    writes about 1,500) and a unit counts as committed only once its object exists.
+    Resuming lists ``ledger/`` (one request per 1,000 objects) and merges what it finds;
+    more than :data:`COMPACT_AT` objects are first merged into one. Both layouts are read
+    everywhere, so either resumes.
 * ``report.json`` (and ``report.html``) at the end and after an interruption;
 * ``manifest.json`` — written at the end, just before the success marker
   ``<output>/_SUCCESS``: every part file that belongs to the result, with its rows and
@@ -50,6 +52,10 @@ MANIFEST = "manifest.json"
 OBJECT_BATCH_SECONDS = 1.0
 """On object stores, units that complete within this long of the last ledger write are
 written together in the next one."""
+OBJECT_BATCH_MAX_SECONDS = 30.0
+"""The longest a completed unit waits for its ledger object (on a long run)."""
+COMPACT_AT = 64
+"""Ledger objects found on resume beyond which they are merged into one."""
 
 
 class Ledger:
@@ -65,6 +71,7 @@ class Ledger:
         self.batch_seconds = OBJECT_BATCH_SECONDS if self.objects else 0.0
         """How long the driver may hold completed units before writing them (0: at once)."""
         self._seq = 0
+        self._objects_read = 0
 
     @classmethod
     def open(
@@ -85,7 +92,27 @@ class Ledger:
         ledger._entries = ledger.read_entries()
         if not ledger.objects:
             ledger._mend_last_line()
+        elif ledger._objects_read > COMPACT_AT:
+            ledger.compact()
         return ledger
+
+    def flush_due(self, waited: float, elapsed: float) -> bool:
+        """Whether completed units that waited ``waited`` seconds, ``elapsed`` seconds into
+        the run, are to be written now (appends always; objects in batches)."""
+        if not self.objects:
+            return True
+        wait = min(OBJECT_BATCH_MAX_SECONDS, max(self.batch_seconds, 0.01 * elapsed))
+        return waited >= wait
+
+    def compact(self) -> None:
+        """Merge the ledger objects into one (written first: a crash leaves duplicates of
+        the same entries, never a lost one), then delete the merged ones."""
+        selector = pafs.FileSelector(f"{self.meta}/{LEDGER_DIR}", allow_not_found=True)
+        old = [i.path for i in retrying(lambda: self.fs.get_file_info(selector), "listing")]
+        self.commit(list(self._entries.values()))
+        for path in old:
+            retrying(partial(self._delete, path), f"removing {path}")
+        self._objects_read = 1
 
     def _mend_last_line(self) -> None:
         """End the ledger with a newline, so that the next commit starts a line of its own.
@@ -183,6 +210,7 @@ class Ledger:
         selector = pafs.FileSelector(f"{self.meta}/{LEDGER_DIR}", allow_not_found=True)
         infos = retrying(lambda: self.fs.get_file_info(selector), "listing the ledger")
         names = sorted(i.base_name for i in infos if i.is_file and i.base_name.endswith(".jsonl"))
+        self._objects_read = len(names)
         if names:
             self._seq = max(self._seq, int(names[-1].split("-", 1)[0]) + 1)
         return [self._read_object(name) for name in names]

@@ -101,7 +101,8 @@ class Committer:
         entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
         self.timeline.append((round(time.perf_counter() - self._started, 3), self.rows_in))
         self._pending.extend(entries)
-        if self.ledger is None or time.monotonic() - self._flushed >= self.ledger.batch_seconds:
+        waited, elapsed = time.monotonic() - self._flushed, time.perf_counter() - self._started
+        if self.ledger is None or self.ledger.flush_due(waited, elapsed):
             self.flush()
         if self.bar is not None:
             self.bar.describe(f"units {len(self.done)}/{len(self.units)}")

@@ -133,6 +133,9 @@ def resolve(path: str, storage: StorageOptions | None = None) -> tuple[pafs.File
         return pafs.LocalFileSystem(), _strip(os.path.abspath(os.path.expanduser(local)))
     if scheme in S3_SCHEMES:
         return _s3(path, storage)
+    if scheme in ("hdfs", "viewfs"):  # pyarrow's own client (libhdfs)
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, _strip(inner)
     return _fsspec(path, storage)
 
 
