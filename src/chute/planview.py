@@ -63,7 +63,9 @@ def render_plan(job: Job) -> RenderableType:
     )
     head.add_row("columns read", ", ".join(plan.read_columns) if plan.read_columns else "all")
     head.add_row("carryover", ", ".join(plan.carryover) or "(none)")
-    head.add_row("output", f"{job.output.path} ({job.output.format})" if job.output else "memory")
+    head.add_row(
+        "output", f"{redact(job.output.path)} ({job.output.format})" if job.output else "memory"
+    )
     stages = Table(title=f"model stages (resources for {basis})", title_justify="left")
     for col in ("model", "runs", "inputs", "batch rows", "format", "cpus", "gpus", "memory"):
         stages.add_column(col, overflow="fold")
@@ -130,7 +132,7 @@ def render_status(output: str) -> RenderableType:
     report = ledger.report()
     finished = fs.get_file_info(f"{root}/{SUCCESS}").type == pafs.FileType.File
     total = owner.get("units_total")
-    table = Table(show_header=False, title=f"chute status: {output}", title_justify="left")
+    table = Table(show_header=False, title=f"chute status: {redact(output)}", title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     table.add_row("job", str(owner.get("fingerprint")))
