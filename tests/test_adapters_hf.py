@@ -392,3 +392,12 @@ def test_image_classification_from_an_image_folder(vit: str, tmp_path: Path) -> 
     expected = [r[0] for r in pipeline("image-classification", vit)(decoded)]
     assert frame["m_label"].tolist() == [e["label"] for e in expected]
     np.testing.assert_allclose(frame["m_score"], [e["score"] for e in expected], atol=1e-5)
+
+
+def test_feature_extraction_cls_pooling(encoder: str) -> None:
+    table = texts_table()
+    report = run_job(table, "text", "local", path=encoder, task="feature-extraction", pooling="cls")
+    assert report.result is not None
+    got = np.stack(report.result.column("m_embedding").to_numpy(zero_copy_only=False))
+    features = pipeline("feature-extraction", encoder)(table.column("text").to_pylist())
+    np.testing.assert_allclose(got, np.stack([np.asarray(f[0])[0] for f in features]), atol=1e-5)
