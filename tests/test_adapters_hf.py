@@ -401,3 +401,41 @@ def test_feature_extraction_cls_pooling(encoder: str) -> None:
     got = np.stack(report.result.column("m_embedding").to_numpy(zero_copy_only=False))
     features = pipeline("feature-extraction", encoder)(table.column("text").to_pylist())
     np.testing.assert_allclose(got, np.stack([np.asarray(f[0])[0] for f in features]), atol=1e-5)
+
+
+# --- vLLM: what can be checked without a GPU (the generation itself is in test_gpu.py) ---------
+
+
+def test_vllm_options_from_the_job_and_the_replica_gpus() -> None:
+    from chute.job import Resources
+    from chute.models import ReplicaContext
+    from chute.models.llm import engine_options, sampling_options
+
+    options = {"path": "m", "temperature": 0.2, "sampling": {"top_p": 0.9, "temperature": 1.0}}
+    assert sampling_options(options) == {"top_p": 0.9, "temperature": 0.2}
+    half = engine_options({}, ReplicaContext("llm", Resources(gpus=0.5)))
+    assert half == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.45}
+    two = engine_options({"max_model_len": 512}, ReplicaContext("llm", Resources(gpus=2)))
+    assert two == {"tensor_parallel_size": 2, "max_model_len": 512}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        pytest.param({"temprature": 0.0}, "Did you mean 'temperature'", id="option"),
+        pytest.param({"sampling": {"top_q": 1}}, "Did you mean 'top_p'", id="sampling"),
+    ],
+)
+def test_vllm_bad_options_are_refused(options: dict[str, Any], message: str) -> None:
+    from chute.models.llm import VLLMAdapter
+
+    with pytest.raises(chute.ConfigError, match=message):
+        VLLMAdapter.check({"path": "m", **options})
+
+
+def test_vllm_without_vllm_names_the_extra(tmp_path: Path) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    model = chute.Model("llm", adapter("vllm", path=str(tmp_path)), inputs=["text"])
+    with pytest.raises(chute.ConfigError, match=r"pip install 'chute\[vllm\]'"):
+        chute.predict(texts_table(), model, engine="local")
