@@ -717,3 +717,50 @@ def test_import_chute_and_validate_import_no_framework(
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+# --------------------------------------------------------------------------- image inputs
+
+
+def _images(rows: int, height: int, width: int, channels: int) -> pa.ChunkedArray:
+    pixels = np.arange(rows * height * width * channels, dtype=np.uint8)
+    pixels = pixels.reshape(rows, height, width, channels)
+    return pa.chunked_array([pa.FixedShapeTensorArray.from_numpy_ndarray(pixels)])
+
+
+@pytest.mark.parametrize(
+    ("graph_shape", "transposed"),
+    [
+        pytest.param(["batch", 4, 5, 3], False, id="channels-last-as-is"),
+        pytest.param(["batch", 3, 4, 5], True, id="channels-first-transposed"),
+        pytest.param([None, None, None, 3], False, id="dynamic-dims"),
+    ],
+)
+def test_onnx_image_inputs_follow_the_graph_layout(
+    graph_shape: list[Any], transposed: bool
+) -> None:
+    from chute.models.onnx import _image_tensor
+
+    column = _images(2, 4, 5, 3)
+    images = column.combine_chunks().to_numpy_ndarray()
+    fed = _image_tensor(column, graph_shape, "image")
+    expected = images.transpose(0, 3, 1, 2) if transposed else images
+    assert fed.shape == expected.shape and (fed == expected).all()
+
+
+def test_onnx_image_input_of_another_size_is_a_clear_error() -> None:
+    from chute.models.onnx import _image_tensor
+
+    with pytest.raises(
+        ModelError, match=r"has shape \['batch', 3, 32, 32\].*set the source's size"
+    ):
+        _image_tensor(_images(2, 4, 5, 3), ["batch", 3, 32, 32], "image")
+
+
+def test_image_columns_spread_into_features_for_tabular_models() -> None:
+    from chute.models.common import column_matrix
+
+    column = _images(2, 2, 2, 3)
+    matrix = column_matrix(column, "image")
+    assert matrix.shape == (2, 12)
+    assert (matrix == column.combine_chunks().to_numpy_ndarray().reshape(2, 12)).all()

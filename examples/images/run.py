@@ -189,36 +189,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-class OnnxClassifier:
-    """The ONNX export as a plain Python model class: one ONNX Runtime session per replica,
-    fed the ``(N, H, W, C)`` uint8 array that ``batch_format: numpy`` gives."""
-
-    def __init__(self, path: str) -> None:
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        (logits,) = self.session.run(None, {"image": batch["image"]})
-        return {"logits": logits}
-
-
 def _with_onnx(job: Any, artifact: Path) -> Any:
-    """The same job with the ONNX classifier (a Python class) in place of the TorchScript one."""
+    """The same job with the ONNX export, run by the ``onnx`` adapter, in place of TorchScript:
+    the graph takes the ``(N, H, W, C)`` uint8 images the read stage decodes."""
     import dataclasses
 
     import chute
 
     (model,) = job.models
-    swapped = chute.Model(
+    onnx = chute.Model(
         model.name,
-        OnnxClassifier,
+        chute.adapter("onnx", path=str(artifact)),
         inputs=model.inputs,
-        batch_format="numpy",
         batch_size=model.batch_size,
-        kwargs={"path": str(artifact)},
     )
-    return dataclasses.replace(job, models=(swapped,))
+    return dataclasses.replace(job, models=(onnx,))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 >>> import chute
 >>> report = chute.run("data/", chute.Model("tip", "model.py:tip"), "out/")  # doctest: +SKIP
+>>> clf = chute.Model("clf", chute.adapter("onnx", path="model.onnx"), inputs=["x", "y"])
 """
 
 from chute.api import predict, run
@@ -16,6 +17,7 @@ from chute.errors import (
 )
 from chute.images import ImageSource
 from chute.job import BatchSize, Job, Model, Pool, Preprocess, Resources, Sink
+from chute.models import adapter
 from chute.report import Report
 from chute.sources import DatasetSource, FileSource, TableSource
 
@@ -39,6 +41,7 @@ __all__ = [
     "Resources",
     "Sink",
     "TableSource",
+    "adapter",
     "predict",
     "run",
 ]

@@ -37,8 +37,8 @@ from chute.job import (
     parse_bytes,
 )
 from chute.sources import file_source
-from chute.storage import StorageOptions
 from chute.stages import add_code_dir
+from chute.storage import StorageOptions
 
 Format = Literal["parquet", "csv", "jsonl"]
 Fmt = Literal["pyarrow", "pandas", "numpy"]

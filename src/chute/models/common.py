@@ -113,6 +113,8 @@ def rename(columns: Mapping[str, Any], renames: Mapping[str, str | None]) -> dic
 def column_matrix(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
     """One column as a 2-D array: a scalar column is one feature, a fixed-size list many."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(array.type, pa.FixedShapeTensorType):  # an image: its values, row by row
+        return np.asarray(array.to_numpy_ndarray()).reshape(len(array), -1)
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         flat = np.asarray(array.flatten().to_numpy(zero_copy_only=False))

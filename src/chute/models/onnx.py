@@ -146,14 +146,40 @@ def _tensor(table: pa.Table, graph_input: Any) -> np.ndarray:
         raise ModelError(
             f"graph input {graph_input.name!r} has type {graph_input.type}: unsupported."
         )
-    matrix = feature_matrix(table, dtype)
     shape = list(graph_input.shape)
+    if table.num_columns == 1 and isinstance(table.column(0).type, pa.FixedShapeTensorType):
+        return _image_tensor(table.column(0), shape, graph_input.name).astype(dtype, copy=False)
+    matrix = feature_matrix(table, dtype)
     if len(shape) == 1:
         return matrix.reshape(-1)
     static = [d if isinstance(d, int) else -1 for d in shape[1:]]
     if len(shape) > 2 and static.count(-1) <= 1:
         return matrix.reshape(len(matrix), *static)
     return matrix
+
+
+def _image_tensor(column: pa.ChunkedArray, shape: list[Any], name: str) -> np.ndarray:
+    """An image column ``(N, H, W, C)`` for a graph that takes it channels-last as it is, or
+    channels-first (``(N, C, H, W)``, as torch exports) transposed."""
+    images = np.asarray(column.combine_chunks().to_numpy_ndarray())
+    if images.ndim == 3:
+        images = images[..., np.newaxis]  # mode L: one channel
+    wanted = [d if isinstance(d, int) else None for d in shape[1:]]
+
+    def fits(dims: tuple[int, ...]) -> bool:
+        if len(wanted) != len(dims):
+            return False
+        return all(w in (None, d) for w, d in zip(wanted, dims, strict=True))
+
+    _, height, width, channels = images.shape
+    if fits((height, width, channels)):
+        return images
+    if fits((channels, height, width)):
+        return np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+    raise ModelError(
+        f"graph input {name!r} has shape {shape}, but the images are {list(images.shape)} "
+        "(rows, height, width, channels): set the source's size and mode to match the model."
+    )
 
 
 def _column(values: Any) -> Any:
