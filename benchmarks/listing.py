@@ -27,8 +27,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chute.sources import FileSource  # noqa: E402
-from tests.s3server import FaultProxy, MotoS3  # noqa: E402
+from tests.s3server import FaultProxy, MotoS3
+
+from chute.sources import FileSource
 
 
 def small_parquet(i: int, rows: int = 10) -> bytes:
