@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from chute import Model, Pool, ResourceError, Resources
-from chute.engines.resources import Cluster, StageResources, local_replicas, plan_resources
+from chute.engines.resources import (
+    Cluster,
+    StageResources,
+    gpu_slots,
+    local_replicas,
+    plan_resources,
+)
 
 GiB = 2**30
 
@@ -214,3 +220,32 @@ def test_cluster_from_ray_resources() -> None:
 def test_local_replicas(pool: Pool, cpus: float | None, cores: int, replicas: int) -> None:
     model = Model("m", lambda b: b, pool=pool, resources=Resources(cpus=cpus))
     assert local_replicas(model, cores) == replicas
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible", "replicas", "slots"),
+    [
+        pytest.param(0.0, "0,1", 2, [None, None], id="cpu-model"),
+        pytest.param(1.0, "0,1", 2, [0, 1], id="one-each"),
+        pytest.param(0.5, "0,1", 4, [0, 0, 1, 1], id="halves-pair-up"),
+        pytest.param(1.0, "0", 3, [0, 0, 0], id="round-one-gpu"),
+    ],
+)
+def test_local_replicas_spread_over_the_machines_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: float,
+    visible: str,
+    replicas: int,
+    slots: list[int | None],
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    model = Model("m", lambda b: b, resources=Resources(gpus=gpus))
+    assert gpu_slots(model, replicas) == slots
+
+
+def test_a_replica_context_names_its_device() -> None:
+    from chute.models import ReplicaContext
+
+    assert ReplicaContext("m").device == "cpu"
+    assert ReplicaContext("m", Resources(gpus=0.5)).device == "cuda"  # on Ray: the one it sees
+    assert ReplicaContext("m", Resources(gpus=1), gpu=1).device == "cuda:1"

@@ -208,10 +208,13 @@ class ModelStage:
         inputs: Sequence[str],
         target: Any = None,
         ctor: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+        gpu: int | None = None,
     ) -> None:
         """``target`` and ``ctor`` replace ``model.fn`` and its arguments when an engine
-        ships them separately (on Ray: through the object store, once)."""
+        ships them separately (on Ray: through the object store, once); ``gpu`` is the
+        local GPU a replica of the local engine uses (see :class:`ReplicaContext`)."""
         self.name = model.name
+        self._gpu = gpu
         self.inputs = list(inputs)
         self.batch_format: BatchFormat = model.batch_format
         self.on_error = model.on_error
@@ -249,7 +252,7 @@ class ModelStage:
         self.batch_format = "pyarrow"
         self._prepared = f"{PREPARED}{model.name}__"
         try:
-            return spec.build(ReplicaContext(model.name, model.resources))
+            return spec.build(ReplicaContext(model.name, model.resources, self._gpu))
         except ChuteError:
             raise
         except Exception as exc:

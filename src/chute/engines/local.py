@@ -23,7 +23,7 @@ from functools import partial
 
 import pyarrow as pa
 
-from chute.engines.resources import check_local, local_replicas
+from chute.engines.resources import check_local, gpu_slots, local_replicas
 from chute.plan import Plan, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter
@@ -213,12 +213,20 @@ class _Run:
         replicas = local_replicas(stage.model)
         out = self._channel(replicas)
         batches = Rebatcher(channel, stage.batch_rows)
-        self._spawn(stage.model.name, replicas, partial(self._replica, stage, batches, out))
+        gpus = iter(gpu_slots(stage.model, replicas))
+        body = partial(self._replica, stage, batches, out, lambda: next(gpus))
+        self._spawn(stage.model.name, replicas, body)
         return out
 
-    def _replica(self, stage: StagePlan, batches: Rebatcher, out: Channel) -> None:
+    def _replica(
+        self,
+        stage: StagePlan,
+        batches: Rebatcher,
+        out: Channel,
+        gpu: Callable[[], int | None],
+    ) -> None:
         try:
-            model = ModelStage(stage.model, stage.inputs)
+            model = ModelStage(stage.model, stage.inputs, gpu=gpu())
             while (batch := batches.take()) is not None:
                 began = time.perf_counter()
                 result = model(batch)

@@ -138,6 +138,15 @@ def local_replicas(model: Model, cores: int | None = None) -> int:
     return max(pool.min, min(pool.max, fit))
 
 
+def gpu_slots(model: Model, replicas: int) -> list[int | None]:
+    """The local GPU of each replica: replicas of ``gpus: 0.5`` pair up on one GPU,
+    replicas of ``gpus: 1`` take one each, round the machine's GPUs."""
+    if model.resources.gpus <= 0:
+        return [None] * replicas
+    count = max(1, local_gpus())
+    return [int(i * model.resources.gpus) % count for i in range(replicas)]
+
+
 def local_gpus() -> int:
     """GPUs this process can see: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -26,11 +26,16 @@ class ReplicaContext:
     """The model's name, for messages."""
     resources: Resources = field(default_factory=Resources)
     """The resources reserved for this replica (its CPUs and GPUs)."""
+    gpu: int | None = None
+    """The GPU this replica uses on the local engine, which spreads replicas over the
+    machine's GPUs; ``None`` on Ray, where the replica sees only the GPU Ray gave it."""
 
     @property
     def device(self) -> str:
-        """``"cuda"`` when the replica holds a GPU (Ray sets which one it sees), else ``"cpu"``."""
-        return "cuda" if self.resources.gpus > 0 else "cpu"
+        """``"cuda"`` (``"cuda:<gpu>"`` locally) when the replica holds a GPU, else ``"cpu"``."""
+        if self.resources.gpus <= 0:
+            return "cpu"
+        return "cuda" if self.gpu is None else f"cuda:{self.gpu}"
 
     @property
     def threads(self) -> int:
