@@ -220,12 +220,24 @@ def encode(table: pa.Table, fmt: str) -> bytes:
     """The bytes of a part file in ``fmt``."""
     buf = io.BytesIO()
     if fmt == "parquet":
-        pq.write_table(table, buf)
+        # Scores and embeddings seldom repeat: trying a dictionary for them costs more than
+        # the rest of the encoding. Carried-over keys and labels keep theirs.
+        pq.write_table(table, buf, use_dictionary=_dictionary_columns(table.schema))
     elif fmt == "csv":
         pacsv.write_csv(table, buf)
     else:
         table.to_pandas().to_json(buf, orient="records", lines=True, date_format="iso")
     return buf.getvalue()
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema if not _floating(f.type)]
+
+
+def _floating(kind: pa.DataType) -> bool:
+    if pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind):
+        return _floating(kind.value_type)
+    return bool(pa.types.is_floating(kind))
 
 
 def _ipc(table: pa.Table) -> bytes:

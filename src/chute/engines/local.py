@@ -28,7 +28,7 @@ from chute.plan import Plan, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter
 from chute.sources import Unit
-from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
+from chute.stages import KEY, ROW_BITS, ModelStage, PrepareStage, PreprocessStage, preparer
 
 CHANNEL_BATCHES = 4
 """Batches a channel holds before its producers wait."""
@@ -79,30 +79,77 @@ class Channel:
 
 
 class Rebatcher:
-    """Cuts a channel's tables into batches of exactly ``rows`` rows (the last may be short)."""
+    """Cuts a channel's tables into batches of ``rows`` rows, one unit at a time.
+
+    Readers work on several units at once, so their slices arrive interleaved. Batches are
+    cut from each unit's own buffer, because a batch that mixed units would be written as
+    one part per unit: many small files. Only the tails of finished units are put
+    together, once they fill a batch (or the input ends), so every unit's buffer stays
+    below a batch and a batch is short only at the very end.
+    """
 
     def __init__(self, source: Channel, rows: int) -> None:
         self._source = source
         self._rows = rows
-        self._buffer: list[pa.Table] = []
-        self._buffered = 0
+        self._units: dict[int, list[pa.Table]] = {}
+        self._finished: set[int] = set()
+        self._drained = False
         self._lock = threading.Lock()
 
     def take(self) -> pa.Table | None:
         with self._lock:
-            while self._buffered < self._rows:
+            while True:
+                batch = self._full()
+                if batch is None:
+                    batch = self._tails()
+                if batch is not None or self._drained:
+                    return batch
                 item = self._source.get()
                 if item is None:
-                    break
-                self._buffer.append(item)
-                self._buffered += item.num_rows
-            if not self._buffered:
-                return None
-            table = _concat(self._buffer)
-            batch, rest = table.slice(0, self._rows), table.slice(self._rows)
-            self._buffer = [rest] if rest.num_rows else []
-            self._buffered = rest.num_rows
-            return batch
+                    self._drained = True
+                elif item.num_rows:
+                    self._add(item)
+
+    def _add(self, table: pa.Table) -> None:
+        keys = table.column(KEY)
+        unit = _unit_of(keys[0].as_py())
+        self._units.setdefault(unit, []).append(table)
+        if keys[-1].as_py() < 0:  # the unit's last row: nothing more of it will come
+            self._finished.add(unit)
+
+    def _full(self) -> pa.Table | None:
+        for unit, tables in self._units.items():
+            if sum(t.num_rows for t in tables) >= self._rows:
+                return self._take(unit, self._rows)
+        return None
+
+    def _tails(self) -> pa.Table | None:
+        ready = [u for u in self._units if self._drained or u in self._finished]
+        left = sum(t.num_rows for u in ready for t in self._units[u])
+        if not left or (left < self._rows and not self._drained):
+            return None
+        pieces: list[pa.Table] = []
+        wanted = self._rows
+        for unit in ready:
+            if wanted == 0:
+                break
+            pieces.append(self._take(unit, wanted))
+            wanted -= pieces[-1].num_rows
+        return _concat(pieces)
+
+    def _take(self, unit: int, rows: int) -> pa.Table:
+        """The first ``rows`` rows (or fewer, if that is all) of ``unit``'s buffer."""
+        table = _concat(self._units[unit])
+        rest = table.slice(rows)
+        if rest.num_rows:
+            self._units[unit] = [rest]
+        else:
+            del self._units[unit]
+        return table.slice(0, rows)
+
+
+def _unit_of(key: int) -> int:
+    return (-key - 1 if key < 0 else key) >> ROW_BITS
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

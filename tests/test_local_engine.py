@@ -1,0 +1,67 @@
+"""The local engine's plumbing: channels and the rebatcher, without a job around them."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from chute.engines.local import Channel, Rebatcher
+from chute.stages import KEY, decode, tag
+
+
+def _slices(unit: int, rows: int, size: int) -> list[pa.Table]:
+    """Unit ``unit`` of ``rows`` rows, as the readers hand it on: tagged slices."""
+    table = pa.table({"x": np.arange(rows)})
+    return [tag(table.slice(start, size), unit, start, rows) for start in range(0, rows, size)]
+
+
+def _batches(tables: list[pa.Table], rows: int) -> list[pa.Table]:
+    channel = Channel(len(tables) + 1, 1, threading.Event())
+    for table in tables:
+        channel.put(table)
+    channel.close()
+    rebatcher = Rebatcher(channel, rows)
+    out = []
+    while (batch := rebatcher.take()) is not None:
+        out.append(batch)
+    return out
+
+
+def _units(batch: pa.Table) -> list[int]:
+    units, _, _ = decode(batch.column(KEY).to_numpy())
+    return sorted(set(units.tolist()))
+
+
+def test_interleaved_units_are_batched_one_unit_at_a_time() -> None:
+    """Four readers' slices arrive interleaved; full batches still hold one unit each."""
+    per_unit = [_slices(unit, 250, 50) for unit in range(4)]
+    interleaved = [t for group in zip(*per_unit, strict=True) for t in group]
+    batches = _batches(interleaved, 100)
+
+    keys = np.concatenate([b.column(KEY).to_numpy() for b in batches])
+    assert sorted(keys.tolist()) == sorted(
+        np.concatenate([t.column(KEY).to_numpy() for t in interleaved]).tolist()
+    )  # every row once
+    full = [b for b in batches if b.num_rows == 100]
+    assert len(full) == 10
+    assert all(len(_units(b)) == 1 for b in full[:8])  # 2 full batches per unit...
+    assert sum(len(_units(b)) for b in full[8:]) == 4  # ...and the 4 tails of 50, paired
+    assert [b.num_rows for b in batches] == [100] * 10
+
+
+@pytest.mark.parametrize("rows", [1, 7, 100, 1000])
+def test_every_row_comes_out_once_in_unit_order(rows: int) -> None:
+    tables = _slices(0, 130, 40) + _slices(1, 3, 2) + _slices(2, 64, 64)
+    batches = _batches(tables, rows)
+    assert all(b.num_rows <= rows for b in batches)
+    units, positions, _ = decode(np.concatenate([b.column(KEY).to_numpy() for b in batches]))
+    for unit, size in [(0, 130), (1, 3), (2, 64)]:
+        assert positions[units == unit].tolist() == list(range(size))  # once each, in order
+
+
+def test_a_tail_waits_for_others_only_until_the_input_ends() -> None:
+    batches = _batches(_slices(0, 30, 30) + _slices(1, 20, 20), 100)
+    assert [b.num_rows for b in batches] == [50]  # both tails, once nothing more comes
