@@ -492,7 +492,29 @@ def test_carryover_lands_untouched(engine: str, taxi_dir: Path, tmp_path: Path) 
 
 # ----------------------------------------------------------------------- 7. preprocess
 
+
 PRE = chute.Preprocess(add_fare_per_mile, inputs=("fare_amount", "trip_distance"))
+
+
+@pytest.mark.timeout(60)
+def test_every_stage_reports_its_busy_time_over_every_row(
+    engine: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    """Read, preprocess and two model stages, on both engines: each stage's rows add up to
+    the input, over at least one batch, in measured time (on Ray they travel with the rows)."""
+    first = chute.Model("a", times_ten, inputs=("fare_per_mile",), batch_format="pandas")
+    second = chute.Model("b", times_ten, inputs=("fare_per_mile",), batch_format="pandas")
+    job = taxi_job(
+        taxi_dir, [first, second], engine, tmp_path / "out", ("trip_id",), preprocess=PRE
+    )
+    report = job.run()
+    assert {"read", "preprocess", "a", "b"} <= set(report.stages)
+    for name in ("read", "preprocess", "a", "b"):
+        stats = report.stages[name]
+        assert stats.rows == 60_000, name
+        assert stats.batches >= 1 and stats.busy_seconds > 0, name
+    written = read_parts(tmp_path / "out").column_names
+    assert written == ["trip_id", "a_value", "a_seen", "b_value", "b_seen"]  # no statistics
 
 
 @pytest.mark.timeout(60)

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from chute import errors
+from chute.engines import carried
 from chute.engines.resources import Cluster, StageResources, plan_resources
 from chute.errors import ChuteError, ConfigError
 from chute.job import Model, Preprocess
@@ -170,7 +171,7 @@ def cluster() -> Cluster:
 class UnitDatasource:
     """A Ray Data datasource with one read task per pending unit."""
 
-    def __new__(cls, reader: Reader, units: list[Unit], stats: Any) -> Any:
+    def __new__(cls, reader: Reader, units: list[Unit]) -> Any:
         from ray.data import Datasource, ReadTask
         from ray.data.block import BlockMetadata
 
@@ -185,7 +186,7 @@ class UnitDatasource:
             def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
                 return [
                     ReadTask(
-                        _read_fn(reader, unit, stats),
+                        _read_fn(reader, unit),
                         BlockMetadata(unit.rows, unit.nbytes, None, None),
                     )
                     for unit in units
@@ -194,12 +195,11 @@ class UnitDatasource:
         return _Units()
 
 
-def _read_fn(reader: Reader, unit: Unit, stats: Any) -> Callable[[], Iterator[pa.Table]]:
+def _read_fn(reader: Reader, unit: Unit) -> Callable[[], Iterator[pa.Table]]:
     def read() -> Iterator[pa.Table]:
         began = time.perf_counter()
         for batch in reader(unit):
-            stats.add.remote("read", time.perf_counter() - began, batch.num_rows)
-            yield batch
+            yield carried.carry(batch, "read", time.perf_counter() - began)
             began = time.perf_counter()
 
     return read
@@ -239,46 +239,26 @@ def quiet_data(verbose: bool) -> Iterator[None]:
         data_log.setLevel(level)
 
 
-class _Stats:
-    """A zero-CPU actor that sums stage busy time reported by actors and tasks."""
-
-    def __init__(self) -> None:
-        self.stats: dict[str, StageStats] = {}
-
-    def add(
-        self, name: str, seconds: float, rows: int, splits: int = 0, batch_rows: int | None = None
-    ) -> None:
-        stats = self.stats.setdefault(name, StageStats())
-        stats.add(seconds, rows)
-        stats.add_splits(splits, batch_rows)
-
-    def get(self) -> dict[str, StageStats]:
-        return self.stats
-
-
 class _PreprocessTask:
     """Preprocess as a stateless task function (Ray fuses it into the read tasks)."""
 
-    def __init__(self, spec: Preprocess, inputs: list[str], carryover: list[str], stats: Any):
-        self.spec, self.inputs, self.carryover, self.stats = spec, inputs, carryover, stats
+    def __init__(self, spec: Preprocess, inputs: list[str], carryover: list[str]) -> None:
+        self.spec, self.inputs, self.carryover = spec, inputs, carryover
 
     def __call__(self, table: pa.Table) -> pa.Table:
         stage = PreprocessStage(self.spec, self.inputs, self.carryover)
-        out = stage(table)
-        self.stats.add.remote("preprocess", stage.clock.busy, table.num_rows)
-        return out
+        return carried.carry(stage(table), "preprocess", stage.clock.busy)
 
 
 class _PrepareTask:
     """An adapter's CPU step as a stateless task function (its processor is cached per
     worker process by the adapter)."""
 
-    def __init__(self, stage: PrepareStage, stats: Any) -> None:
-        self.stage, self.stats = stage, stats
+    def __init__(self, stage: PrepareStage) -> None:
+        self.stage = stage
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        out = self.stage(table)
-        self.stats.add.remote(f"{self.stage.name}.prepare", self.stage.clock.busy, table.num_rows)
+        out = carried.carry(self.stage(table), f"{self.stage.name}.prepare", self.stage.clock.busy)
         self.stage.clock.busy = 0.0
         return out
 
@@ -293,7 +273,6 @@ class _ModelActor:
         target: Any,
         ctor: Any,
         output: Output | None,
-        stats: Any,
     ) -> None:
         import ray
 
@@ -304,16 +283,20 @@ class _ModelActor:
             ctor=ray.get(ctor) if ctor is not None else None,
         )
         self.writer = PartWriter(output) if output is not None else None
-        self.stats = stats
 
     def __call__(self, table: pa.Table) -> pa.Table:
         out = self.stage(table)
-        clock = self.stage.clock
-        self.stats.add.remote(self.stage.name, clock.busy, table.num_rows, *clock.take_splits())
-        clock.busy = 0.0
-        if self.writer is None:
-            return out
-        return records_to_table(self.writer.write(out))
+        clock, name = self.stage.clock, self.stage.name
+        busy, clock.busy = clock.busy, 0.0
+        if self.writer is None:  # a later stage writes: the stats travel with the rows
+            return carried.carry(out, name, busy, clock.take_splits())
+        out, totals = carried.collect(out)
+        splits, batch_rows = clock.take_splits()
+        mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows), "splits": splits}
+        carried.add(totals, {name: {**mine, "batch_rows": float(batch_rows or 0)}})
+        records = records_to_table(self.writer.write(out))
+        text = [carried.encode(totals)] + [""] * (records.num_rows - 1)
+        return records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))
 
 
 class RayEngine:
@@ -336,37 +319,34 @@ class RayEngine:
     def execute(
         self, plan: Plan, commit: Callable[[list[PartRecord]], None]
     ) -> dict[str, StageStats]:
-        import ray
 
         resources = self.resources(plan)
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        totals: dict[str, dict[str, float]] = {}
+        with quiet_data(self.verbose):
+            self._stream(self._dataset(plan, resources), commit, totals)
+        return carried.stage_stats(totals)
 
-        # On the driver's node: placed on another node, the actor would die with that node
-        # and take a job that otherwise survives the loss down with it.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        stats = ray.remote(num_cpus=0, scheduling_strategy=here)(_Stats).remote()
-        try:
-            with quiet_data(self.verbose):
-                self._stream(self._dataset(plan, resources, stats), commit)
-            return dict(ray.get(stats.get.remote()))
-        except ray.exceptions.RayActorError:  # lost with its node: every unit is committed
-            return {}
-        finally:
-            ray.kill(stats)
-
-    def _stream(self, dataset: Any, commit: Callable[[list[PartRecord]], None]) -> None:
-        """Hand every part record to ``commit``; translate a failed task to a chute error."""
+    def _stream(
+        self,
+        dataset: Any,
+        commit: Callable[[list[PartRecord]], None],
+        totals: dict[str, dict[str, float]],
+    ) -> None:
+        """Hand every part record to ``commit`` and sum the stage statistics that came with
+        them into ``totals``; translate a failed task to a chute error."""
         import ray
 
         try:
             for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                commit(records_from_table(batch))
+                for text in batch.column(carried.STAGES).to_pylist():
+                    carried.add(totals, carried.decode(text))
+                commit(records_from_table(batch.drop_columns([carried.STAGES])))
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
             error = _unwrap(exc)
             _drop_frames(exc)
             raise error from exc
 
-    def _dataset(self, plan: Plan, resources: list[StageResources], stats: Any) -> Any:
+    def _dataset(self, plan: Plan, resources: list[StageResources]) -> Any:
         import ray
 
         reader, units = plan.reader, plan.pending
@@ -375,14 +355,14 @@ class RayEngine:
         elif isinstance(plan.source, DatasetSource):  # its blocks are in the store already
             reader = Reader(ObjectStoreSource(plan.source.schema()), plan.read_columns)
         dataset = ray.data.read_datasource(
-            UnitDatasource(reader, units, stats), override_num_blocks=len(units)
+            UnitDatasource(reader, units), override_num_blocks=len(units)
         )
         spec = plan.job.preprocess
         if spec is not None:
             spec = replace(spec, fn=portable(spec.fn, self.shipped))
             inputs = list(spec.inputs or plan.read_columns or plan.source.schema().names)
             dataset = dataset.map_batches(
-                _PreprocessTask(spec, inputs, plan.carryover, stats),
+                _PreprocessTask(spec, inputs, plan.carryover),
                 batch_size=None,
                 batch_format="pyarrow",
                 num_cpus=min(spec.cpus, 1.0),
@@ -393,13 +373,13 @@ class RayEngine:
             step = preparer(stage.model)
             if step is not None:  # the adapter's CPU step (tokenizing), fused into the reads
                 dataset = dataset.map_batches(
-                    _PrepareTask(PrepareStage(stage.model, stage.inputs, step), stats),
+                    _PrepareTask(PrepareStage(stage.model, stage.inputs, step)),
                     batch_size=None,
                     batch_format="pyarrow",
                     num_cpus=1.0,
                     zero_copy_batch=True,
                 )
-            dataset = self._model_stage(dataset, stage, res, plan.output if last else None, stats)
+            dataset = self._model_stage(dataset, stage, res, plan.output if last else None)
         return dataset
 
     def _model_stage(
@@ -408,7 +388,6 @@ class RayEngine:
         stage: StagePlan,
         res: StageResources,
         output: Output | None,
-        stats: Any,
     ) -> Any:
         import ray
 
@@ -434,7 +413,6 @@ class RayEngine:
                 "target": target,
                 "ctor": ctor,
                 "output": output,
-                "stats": stats,
             },
             batch_size=stage.batch_rows,
             batch_format="pyarrow",

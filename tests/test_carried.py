@@ -1,0 +1,43 @@
+"""Stage statistics carried with the rows (the ray engine): slicing and joining keep sums."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from chute.engines import carried
+
+
+def _batch(rows: int, seconds: float, splits: tuple[int, int | None] | None = None) -> pa.Table:
+    return carried.carry(pa.table({"x": np.arange(rows)}), "m", seconds, splits)
+
+
+def test_slices_and_joins_keep_the_totals() -> None:
+    """Ray Data re-blocks between pools: the shares still add up to each batch's time."""
+    a, b = _batch(100, 2.0), _batch(50, 1.0)
+    joined = pa.concat_tables([a.slice(0, 30), a.slice(30), b.slice(10), b.slice(0, 10)])
+    table, totals = carried.collect(joined)
+    assert table.column_names == ["x"]
+    assert totals["m"]["busy"] == pytest.approx(3.0, rel=1e-6)
+    assert totals["m"]["batches"] == pytest.approx(2.0, rel=1e-6)
+    assert totals["m"]["rows"] == 150
+
+
+def test_out_of_memory_splits_travel_too() -> None:
+    _, first = carried.collect(_batch(64, 0.5, (3, 256)))
+    _, second = carried.collect(_batch(64, 0.5, (1, 128)))
+    _, third = carried.collect(_batch(64, 0.5, (0, None)))
+    totals: dict[str, dict[str, float]] = {}
+    for part in (first, second, third):
+        carried.add(totals, carried.decode(carried.encode(part)))
+    (stats,) = carried.stage_stats(totals).values()
+    assert (stats.oom_splits, stats.batch_rows, stats.batches, stats.rows) == (4, 128, 3, 192)
+    assert stats.busy_seconds == pytest.approx(1.5)
+
+
+def test_an_empty_batch_has_the_same_columns() -> None:
+    """Blocks Ray Data joins must share a schema, empty ones included."""
+    assert _batch(0, 0.1).schema == _batch(5, 0.1).schema
+    _, totals = carried.collect(_batch(0, 0.1))
+    assert totals["m"]["rows"] == 0
