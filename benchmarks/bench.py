@@ -66,8 +66,10 @@ MIB = 2**20
 DEFAULT_ROWS = {"taxi": TOTAL_ROWS, "mlp": 1_000_000, "minilm": 5_000}
 MLP_BATCH = "4MiB"
 MLP_SLICE_ROWS = 262_144  # rows per Ray Core task: chute's in-memory unit size
-MINILM_BATCH = 512  # rows per chute / Ray Data batch
 ENCODE_BATCH = 64  # sentences per forward pass inside model.encode, everywhere
+# chute and Ray Data batches hold one file's rows, so that every variant hands model.encode
+# the same number of sentences per call as the loop does (encode sorts a call's sentences
+# by length: bigger calls pad less, and the batch size would decide the race otherwise).
 MINILM_FILES = 4
 
 
@@ -408,12 +410,13 @@ def minilm(base: str, rows: int) -> Workload:
     if output_rows(data) != rows:
         example.write_sentences(data, sentences, files=MINILM_FILES)
     files = sorted(glob.glob(os.path.join(data, "*.parquet")))
+    file_rows = -(-rows // MINILM_FILES)
     path = example.model_dir()
     model = chute.Model(
         "embedding",
         example.Embedder,
         inputs=["text"],
-        batch_size=MINILM_BATCH,
+        batch_size=file_rows,
         args=(path, ENCODE_BATCH),
     )
     preloaded = example.load_model(path)
@@ -438,7 +441,7 @@ def minilm(base: str, rows: int) -> Workload:
         ds = ray.data.read_parquet(data).map_batches(
             EmbedActor,
             fn_constructor_args=(path,),
-            batch_size=MINILM_BATCH,
+            batch_size=file_rows,
             batch_format="pyarrow",
             concurrency=1,
         )
