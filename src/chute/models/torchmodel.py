@@ -46,7 +46,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
-from chute.models.common import rename
+from chute.models.common import check_choice, rename
 from chute.models.pickles import trusts_pickle, untrusted_error
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -91,12 +91,9 @@ class TorchAdapter(Adapter):
         super().__init__(context, **options)
         import torch
 
-        self.task = _choice(
-            options.get("task", "regression"), TASKS, "task", f"model {context.model!r}"
-        )
+        self.task = check_choice(self.kind, "task", options.get("task", "regression"), TASKS)
         self.dtype = getattr(
-            torch,
-            _choice(options.get("dtype", "float32"), DTYPES, "dtype", f"model {context.model!r}"),
+            torch, check_choice(self.kind, "dtype", options.get("dtype", "float32"), DTYPES)
         )
         self.labels: list[Any] | None = options.get("labels")
         self.device = torch.device(context.device)
@@ -133,8 +130,8 @@ class TorchAdapter(Adapter):
         ``trust_pickle``."""
         super().check(options)
         check_options(cls.kind, options, OPTIONS)
-        _choice(options.get("task", "regression"), TASKS, "task", f"model type {cls.kind!r}")
-        _choice(options.get("dtype", "float32"), DTYPES, "dtype", f"model type {cls.kind!r}")
+        check_choice(cls.kind, "task", options.get("task", "regression"), TASKS)
+        check_choice(cls.kind, "dtype", options.get("dtype", "float32"), DTYPES)
         path = options.get("path")
         if options.get("module") or not isinstance(path, str) or not os.path.isfile(path):
             return
@@ -235,15 +232,6 @@ def _archive_holds(path: str, suffix: str) -> bool:
 def _is_exported(module: Any) -> bool:
     """Modules from ``torch.export`` refuse ``eval()``: they were traced in inference form."""
     return type(module).__module__.startswith("torch.fx")
-
-
-def _choice(value: Any, choices: Sequence[str], what: str, who: str) -> str:
-    if value not in choices:
-        raise ConfigError(
-            f"{who}: {what} {value!r} is not one of {', '.join(choices)}."
-            f"{did_you_mean(str(value), choices)}"
-        )
-    return str(value)
 
 
 def to_numpy(batch: pa.Table) -> np.ndarray:
