@@ -173,6 +173,32 @@ def test_status_and_report_on_an_s3_output(s3: FaultProxy, moto_s3: MotoS3) -> N
 
 
 @pytest.mark.timeout(60)
+def test_status_and_report_of_a_job_file_reach_its_storage(
+    s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint is only in the job's storage section: `chute status job.yaml` finds it."""
+    upload(moto_s3, "parquet")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "input: s3://bucket/in/\n"
+        "models: [{name: m, fn: tests.test_s3:scale, inputs: [id, x], batch_format: numpy}]\n"
+        "output: s3://bucket/out\n"
+        f"storage: {{endpoint_url: '{s3.endpoint}'}}\n"
+    )
+    runner = CliRunner(env={"COLUMNS": "200", "AWS_ENDPOINT_URL": None})
+    run = runner.invoke(main, ["run", str(job), "-q"], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    status = runner.invoke(main, ["status", str(job)], catch_exceptions=False)
+    assert status.exit_code == 0, status.output
+    text = " ".join(status.output.replace("│", " ").split())
+    assert f"units committed {UNITS} of {UNITS}" in text
+    report = runner.invoke(main, ["report", str(job)], catch_exceptions=False)
+    assert report.exit_code == 0, report.output
+    assert f"{UNITS * ROWS:,}" in report.output
+
+
+@pytest.mark.timeout(60)
 def test_resume_on_s3_computes_only_uncommitted_units(s3: FaultProxy, moto_s3: MotoS3) -> None:
     upload(moto_s3, "parquet")
     _job("s3://bucket/in/", "s3://bucket/out", "local").run()

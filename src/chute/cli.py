@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from chute.errors import ChuteError
+from chute.errors import ChuteError, ConfigError
 from chute.job import Job, Pool
 from chute.report import Report
 
@@ -158,22 +158,35 @@ def plan(job_file: str, **opts: Any) -> None:
 @click.argument("output")
 @handle_errors
 def status(output: str) -> None:
-    """Show what an output location holds: units done, rows, whether the run finished."""
+    """Show what an output location (or a job file's) holds: units done, rows, finished."""
     from chute.planview import render_status
 
-    console.print(render_status(output))
+    console.print(render_status(*_location(output)))
 
 
 @main.command()
 @click.argument("output")
 @handle_errors
 def report(output: str) -> None:
-    """Print the report of a finished or partial run again and (re)write its HTML."""
+    """Print the report of a finished or partial run again and (re)write its HTML.
+
+    OUTPUT is the output location, or the job file (its storage options included)."""
     from chute.planview import rewrite_report
 
-    summary, html_path = rewrite_report(output)
+    summary, html_path = rewrite_report(*_location(output))
     console.print(summary.render())
     console.print(f"HTML report: {html_path}")
+
+
+def _location(output: str) -> tuple[str, Any]:
+    """An output location and how to reach it: given directly, or as a job file's output
+    (with the job's ``storage:`` section, say an S3 endpoint)."""
+    if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
+        job = _load(output)
+        if job.output is None:
+            raise ConfigError(f"job file {output!r} has no output location.")
+        return job.output.path, job.output.storage
+    return output, None
 
 
 @main.command()

@@ -17,7 +17,7 @@ from chute.models import AdapterSpec
 from chute.plan import Plan, build_plan
 from chute.report import Report, memory_notes
 from chute.sinks import output_filesystem
-from chute.storage import redact
+from chute.storage import StorageOptions, redact
 
 
 def stage_resources(plan: Plan) -> tuple[list[StageResources], str]:
@@ -108,9 +108,9 @@ def runs(fn: object) -> str:
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
 
 
-def rewrite_report(output: str) -> tuple[Report, str]:
+def rewrite_report(output: str, storage: StorageOptions | None = None) -> tuple[Report, str]:
     """The last report of ``output`` (complete or partial), with its HTML rewritten."""
-    fs, root = output_filesystem(output)
+    fs, root = output_filesystem(output, storage)
     ledger = Ledger(fs, root)
     data = ledger.report()
     if data is None:
@@ -122,8 +122,8 @@ def rewrite_report(output: str) -> tuple[Report, str]:
     return Report.from_dict(data), f"{ledger.meta}/report.html"
 
 
-def render_status(output: str) -> RenderableType:
-    fs, root = output_filesystem(output)
+def render_status(output: str, storage: StorageOptions | None = None) -> RenderableType:
+    fs, root = output_filesystem(output, storage)
     if fs.get_file_info(f"{root}/{META_DIR}/job.json").type != pafs.FileType.File:
         raise JobStateError(f"{output!r} holds no chute results (no {META_DIR}/job.json).")
     ledger = Ledger(fs, root)
