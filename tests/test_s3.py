@@ -519,6 +519,19 @@ def test_planning_many_objects_takes_paginated_listings_and_one_footer_read_each
     assert set(counts) <= {"LIST", "HEAD", "GET"}
 
 
+@pytest.mark.timeout(120)
+def test_reading_units_asks_for_no_object_twice(
+    engine: str, s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    """The sizes come from the listing: reading a unit is ranged GETs, never a HEAD per file."""
+    upload(moto_s3, "parquet")
+    s3.reset()
+    _job("s3://bucket/in/", str(tmp_path / "out"), engine).run()
+    counts = dict(s3.counts)
+    assert counts.get("HEAD", 0) <= 3, counts  # the bucket and the prefix, not each file
+    assert len(pq.read_table(tmp_path / "out")) == UNITS * ROWS
+
+
 # --------------------------------------------------------------------------- 7. access
 
 

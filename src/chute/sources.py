@@ -30,6 +30,7 @@ from chute.storage import (
     open_input_file,
     parquet_metadata,
     permanent,
+    read_row_groups,
     redact,
     resolve,
     storage_error,
@@ -234,7 +235,7 @@ class FileSource:
         )
 
     def _open(self, path: str) -> Any:
-        """Open a file; with its size known from the listing, no HEAD request per file."""
+        """Open a file for random access."""
         return open_input_file(self.filesystem, path)
 
     def schema(self) -> pa.Schema:
@@ -299,10 +300,9 @@ class FileSource:
 
     def _read_unit(self, path: str, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
         if self.format == "parquet":
-            pf = pq.ParquetFile(self._open(path))
-            names = pf.schema_arrow.names
-            cols = [c for c in columns if c in names] if columns is not None else None
-            return pf.read_row_groups(list(unit.row_groups or ()), columns=cols)
+            size = self._stamps.get(path, (None, None))[0]
+            groups = list(unit.row_groups or ())
+            return read_row_groups(self.filesystem, path, groups, columns, size)
         return self._read_file(path, columns)
 
     def _read_file(self, path: str, columns: Sequence[str] | None) -> pa.Table:
