@@ -27,6 +27,7 @@ from chute.retry import retrying
 from chute.storage import (
     StorageOptions,
     check,
+    is_local,
     open_input_file,
     parquet_metadata,
     permanent,
@@ -302,7 +303,13 @@ class FileSource:
         if self.format == "parquet":
             size = self._stamps.get(path, (None, None))[0]
             groups = list(unit.row_groups or ())
-            return read_row_groups(self.filesystem, path, groups, columns, size)
+            cols = list(columns) if columns is not None else None
+            if size is not None and not is_local(self.filesystem):  # no HEAD per object
+                return read_row_groups(self.filesystem, path, size, groups, cols)
+            pf = pq.ParquetFile(self._open(path))
+            if cols is not None:
+                cols = [c for c in cols if c in pf.schema_arrow.names]
+            return pf.read_row_groups(groups, columns=cols)
         return self._read_file(path, columns)
 
     def _read_file(self, path: str, columns: Sequence[str] | None) -> pa.Table:

@@ -27,7 +27,7 @@ import re
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -279,21 +279,10 @@ def parquet_metadata(fs: pafs.FileSystem, path: str, size: int | None = None) ->
 
 
 def read_row_groups(
-    fs: pafs.FileSystem,
-    path: str,
-    row_groups: list[int],
-    columns: Sequence[str] | None,
-    size: int | None = None,
+    fs: pafs.FileSystem, path: str, size: int, row_groups: list[int], columns: list[str] | None
 ) -> Any:
-    """Row groups of a Parquet file, with the ``columns`` it has. With its size known (from
-    the listing), an object store gets ranged GETs only: no HEAD per file."""
-    import pyarrow.parquet as pq
-
-    if size is None or is_local(fs):
-        pf = pq.ParquetFile(fs.open_input_file(path))
-        names = pf.schema_arrow.names
-        cols = [c for c in columns if c in names] if columns is not None else None
-        return pf.read_row_groups(row_groups, columns=cols)
+    """Row groups of a Parquet object whose size is known from the listing: ranged GETs
+    only, no HEAD. ``columns`` the file lacks are left out."""
     import pyarrow.dataset as ds
 
     fragment = ds.ParquetFileFormat().make_fragment(path, fs, file_size=size, row_groups=row_groups)
