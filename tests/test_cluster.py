@@ -162,3 +162,45 @@ def test_a_job_whose_model_is_a_local_module_ships_its_directory_to_the_cluster(
     assert (result.fare_high.to_numpy() == expected).all()
     # The head has no CPUs: the model ran on the second node, which imported the module.
     assert set(result.fare_node) == {"127.0.0.3"}
+
+
+@pytest.mark.timeout(180)
+def test_a_directory_too_big_to_ship_is_a_clear_error_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """Ray refuses a working_dir package over its limit (lowered here to 1 MB, as the real
+    512 MiB would take long to fill): chute names the fix and writes nothing."""
+    generate(str(tmp_path / "data"), total=1_200)
+    code = tmp_path / "job"
+    code.mkdir()
+    (code / "scorer.py").write_text(SCORER)
+    (code / "features.py").write_text(FEATURES)
+    (code / "threshold.txt").write_text("2.5")
+    (code / "weights.bin").write_bytes(os.urandom(1_500_000))  # incompressible
+    (code / "job.yaml").write_text(LOCAL_CODE_JOB)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_max_grpc_message_size"] = "1000000"
+    run = subprocess.run(
+        [sys.executable, "-m", "chute", "run", str(code / "job.yaml"), "--engine", "ray", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=150,
+    )
+    message = " ".join(run.stderr.split())
+    assert run.returncode == 2, run.stderr
+    assert "cannot set up the job's runtime_env on the workers" in message
+    assert "exceeds the maximum size" in message and "excludes" in message
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_started_before_the_job_keeps_its_runtime_env_and_says_so(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from chute.engines.ray import init_ray
+
+    with caplog.at_level("WARNING", logger="chute"):
+        shipped = init_ray(None, False, {"working_dir": str(tmp_path)})
+    assert shipped is None  # file targets stay absolute: nothing was shipped
+    assert "runtime_env" in caplog.text and str(tmp_path) in caplog.text

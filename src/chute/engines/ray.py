@@ -83,13 +83,14 @@ def init_ray(
                 configure_logging=True,
                 runtime_env=dict(runtime_env) if runtime_env else None,
             )
+    except ray.exceptions.RuntimeEnvSetupError as exc:  # shipping the job's code failed
+        reason = str(exc).replace("Failed to set up runtime environment.", "").strip()
+        raise ConfigError(
+            f"cannot set up the job's runtime_env on the workers: {reason} Keep data and large "
+            "models in storage rather than beside the job, list them under runtime_env: "
+            "{excludes: [...]}, or set runtime_env: {working_dir: null} to ship nothing."
+        ) from exc
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        if wanted and "size" in str(exc).lower():
-            raise ConfigError(
-                f"cannot ship the job's directory {wanted!r} to the workers: {exc}. Keep data "
-                "and large models in storage, not beside the job, or list them under "
-                "runtime_env: {excludes: [...]}."
-            ) from exc
         where = f"connect to the Ray cluster at {address!r}" if address else "start Ray"
         raise ConfigError(
             f"cannot {where}: {exc}. Check the address (the head's host:port "
