@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from chute.errors import ChuteError, ConfigError
+from chute.errors import ChuteError
 from chute.job import Job, Pool
 from chute.report import Report
 
@@ -182,10 +182,9 @@ def _location(output: str) -> tuple[str, Any]:
     """An output location and how to reach it: given directly, or as a job file's output
     (with the job's ``storage:`` section, say an S3 endpoint)."""
     if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
-        job = _load(output)
-        if job.output is None:
-            raise ConfigError(f"job file {output!r} has no output location.")
-        return job.output.path, job.output.storage
+        sink = _load(output).output
+        assert sink is not None  # a job file always names its output
+        return sink.path, sink.storage
     return output, None
 
 

@@ -406,18 +406,16 @@ def _short_repr(value: Any) -> str:
 
 def _content(array: Any) -> str:
     """``#<hash>`` of an array's or tensor's bytes when it is small enough, else ``""``."""
-    if hasattr(array, "detach") and getattr(array, "nbytes", 0) <= HASHED_ARRAY_BYTES:
+    import numpy as np
+
+    nbytes = getattr(array, "nbytes", None)
+    if not isinstance(nbytes, int) or nbytes > HASHED_ARRAY_BYTES:
+        return ""
+    if hasattr(array, "detach"):
         import torch  # a torch tensor: its raw bytes (NumPy has no bfloat16)
 
         array = array.detach().cpu().contiguous().flatten().view(torch.uint8).numpy()
-    if not hasattr(array, "tobytes") or getattr(array, "nbytes", HASHED_ARRAY_BYTES + 1) > (
-        HASHED_ARRAY_BYTES
-    ):
+    elif not isinstance(array, np.ndarray):
         return ""
-    return "#" + hashlib.blake2b(memoryview(_contiguous(array)), digest_size=8).hexdigest()
-
-
-def _contiguous(array: Any) -> Any:
-    import numpy as np
-
-    return np.ascontiguousarray(array).view(np.uint8)
+    raw = np.ascontiguousarray(array).view(np.uint8)
+    return "#" + hashlib.blake2b(raw.data, digest_size=8).hexdigest()
