@@ -71,6 +71,18 @@ def _table(rows: int = ROWS) -> pa.Table:
     return pa.table({"id": ids, "x": (ids % 97).astype(np.float64) / 7.0})
 
 
+def _run(model: chute.Model, engine: str, out: Path) -> chute.Report:
+    """``model`` over the table, carrying ``id``, written to ``out``."""
+    job = chute.Job(
+        source=chute.TableSource(_table()),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine=engine,  # type: ignore[arg-type]
+    )
+    return job.run()
+
+
 def _stage(model: type, table: pa.Table, **kwargs: Any) -> tuple[ModelStage, pa.Table]:
     spec = chute.Model(
         "m",
@@ -172,14 +184,7 @@ def test_out_of_memory_split_end_to_end(tmp_path: Path, engine: str) -> None:
         pool=chute.Pool.fixed(1),
     )
     out = tmp_path / "out"
-    job = chute.Job(
-        source=chute.TableSource(_table()),
-        models=(model,),
-        carryover=("id",),
-        output=chute.Sink(str(out)),
-        engine=engine,  # type: ignore[arg-type]
-    )
-    report = job.run()
+    report = _run(model, engine, out)
     frame = pd.read_parquet(out).sort_values("id")
     assert list(frame.id) == list(range(ROWS))
     np.testing.assert_array_equal(frame.m_score.to_numpy(), _expected(frame.id.to_numpy()))
@@ -285,14 +290,7 @@ def test_out_of_memory_under_quarantine_end_to_end(tmp_path: Path, engine: str) 
         kwargs={"bad": bad},
     )
     out = tmp_path / "out"
-    job = chute.Job(
-        source=chute.TableSource(_table()),
-        models=(model,),
-        carryover=("id",),
-        output=chute.Sink(str(out)),
-        engine=engine,  # type: ignore[arg-type]
-    )
-    report = job.run()
+    report = _run(model, engine, out)
     frame = pd.read_parquet(out)
     errors = pd.read_parquet(out / "_errors")
     assert sorted(errors.id) == list(bad) and set(errors.error_type) == {"ValueError"}
