@@ -40,9 +40,10 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from chute.errors import JobStateError
+from chute.lease import OWNERS_DIR, Lease
 from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
-from chute.storage import StorageOptions, check, is_local, put, read
+from chute.storage import StorageOptions, check, is_local, put, read, redact
 
 META_DIR = "_chute"
 SUCCESS = "_SUCCESS"
@@ -72,6 +73,8 @@ class Ledger:
         """How long the driver may hold completed units before writing them (0: at once)."""
         self._seq = 0
         self._objects_read = 0
+        self.lease: Lease | None = None
+        """This run's claim on the location: checked before every commit and deletion."""
 
     @classmethod
     def open(
@@ -83,11 +86,17 @@ class Ledger:
         units_total: int | None = None,
         storage: StorageOptions | None = None,
         objects: bool | None = None,
+        lease: Lease | None = None,
     ) -> Ledger:
-        """Open (or create) the ledger, refusing a location that holds another job."""
+        """Open (or create) the ledger, refusing a location that holds another job.
+
+        ``lease`` is the run's claim on the location (:meth:`claim`); without one the
+        caller answers for being the only writer (tests, tools).
+        """
         check(path, storage, "output")  # a missing bucket, refused credentials: fail now
         fs, root = output_filesystem(path, storage)
         ledger = cls(fs, root, objects)
+        ledger.lease = lease
         ledger._claim(fingerprint, description, overwrite, units_total)
         ledger._entries = ledger.read_entries()
         if not ledger.objects:
@@ -95,6 +104,16 @@ class Ledger:
         elif ledger._objects_read > COMPACT_AT:
             ledger.compact()
         return ledger
+
+    @staticmethod
+    def claim(path: str, storage: StorageOptions | None = None) -> Lease:
+        """Claim the output location for this run (see :mod:`chute.lease`): refused with a
+        :class:`~chute.errors.JobStateError` naming the other run while a live run owns it."""
+        check(path, storage, "output")
+        fs, root = output_filesystem(path, storage)
+        if fs.get_file_info(root).type == pafs.FileType.File:
+            raise JobStateError(f"output {redact(path)!r} is a file; give a directory.")
+        return Lease.acquire(fs, f"{root}/{META_DIR}", redact(path))
 
     def flush_due(self, waited: float, elapsed: float) -> bool:
         """Whether completed units that waited ``waited`` seconds, ``elapsed`` seconds into
@@ -148,7 +167,7 @@ class Ledger:
             owner = self.read_json("job.json")
             if overwrite or (owner is not None and not self.read_entries()):
                 # asked to, or the earlier job committed nothing: there is nothing to mix
-                self.fs.delete_dir_contents(self.root)
+                self._wipe()
             elif owner is None and self._foreign_files():
                 raise JobStateError(
                     f"output {self.root!r} holds files that chute did not write. Choose an "
@@ -174,6 +193,38 @@ class Ledger:
                 "created": time.time(),
             },
         )
+
+    def _wipe(self) -> None:
+        """Empty the location for a fresh start, keeping the claims and ``job.json``.
+
+        The ledger goes before the parts it names, so an interrupted wipe leaves a ledger
+        whose every unit still has its parts (and a resume verifies them anyway), never
+        one that names deleted parts; ``job.json`` is rewritten, not removed, so the
+        location never looks like somebody else's files.
+        """
+        self._guard()
+        for path in (f"{self.root}/{SUCCESS}", f"{self.meta}/{MANIFEST}"):
+            retrying(partial(self._delete, path), f"removing {path}")
+        retrying(partial(self._delete, f"{self.meta}/{LEDGER_FILE}"), "removing the ledger")
+        for info in self._list(f"{self.meta}/{LEDGER_DIR}"):
+            retrying(partial(self._delete, info.path), f"removing {info.path}")
+        keep = {f"{self.meta}/{OWNERS_DIR}", f"{self.meta}/job.json", self.meta}
+        for info in self._list(self.meta) + self._list(self.root):
+            if info.path not in keep:
+                retrying(partial(self._remove, info), f"removing {info.path}")
+        self._entries = {}
+
+    def _remove(self, info: pafs.FileInfo) -> None:
+        if info.type == pafs.FileType.Directory:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_dir(info.path)
+        else:
+            self._delete(info.path)
+
+    def _guard(self) -> None:
+        """Before deleting anything: this run must still own the location."""
+        if self.lease is not None:
+            self.lease.check()
 
     def _foreign_files(self) -> bool:
         infos = self.fs.get_file_info(pafs.FileSelector(self.root))
@@ -229,6 +280,8 @@ class Ledger:
         batch = list(entries)
         if not batch:
             return
+        if self.lease is not None:
+            self.lease.ensure()
         blob = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in batch).encode()
         if self.objects:
             if is_local(self.fs):
@@ -247,13 +300,47 @@ class Ledger:
 
     def remove_orphans(self) -> int:
         """Delete part files (and temporaries) that no committed unit names."""
-        keep = {f"{self.root}/{p}" for p in self.committed_parts()}
+        return self._remove_orphans(self._files())
+
+    def reconcile(self) -> list[str]:
+        """Verify the committed units against one listing of the location, then remove
+        orphans; returns the ids of units that were forgotten.
+
+        A unit is trusted only while every file its ledger line names exists with the
+        recorded size. One that fails is forgotten (its remaining files become orphans)
+        so that the run recomputes it; its line stays in the ledger until a new line for
+        the same unit supersedes it, and a later resume forgets it again meanwhile.
+        """
+        sizes = self._files()
+        broken = sorted(u for u, e in self._entries.items() if not self._intact(e, sizes))
+        for unit in broken:
+            del self._entries[unit]
+        self._remove_orphans(sizes)
+        return broken
+
+    def _files(self) -> dict[str, int | None]:
+        """Every file of the location's top level and errors folder, with its size."""
         infos = self._list(self.root) + self._list(f"{self.root}/{ERRORS_DIR}")
+        return {i.path: i.size for i in infos if i.is_file}
+
+    def _intact(self, entry: dict[str, Any], sizes: dict[str, int | None]) -> bool:
+        for file in _files(entry):
+            path = f"{self.root}/{file['path']}"
+            if path not in sizes:
+                return False
+            if file["bytes"] is not None and sizes[path] != file["bytes"]:
+                return False
+        return True
+
+    def _remove_orphans(self, sizes: dict[str, int | None]) -> int:
+        keep = {f"{self.root}/{p}" for p in self.committed_parts()}
         orphans = [
-            i.path
-            for i in infos
-            if i.is_file and i.base_name.startswith(("part-", ".part-")) and i.path not in keep
+            path
+            for path in sizes
+            if path.rpartition("/")[2].startswith(("part-", ".part-")) and path not in keep
         ]
+        if orphans:
+            self._guard()
         for path in orphans:
             retrying(partial(self._delete, path), f"removing {path}")
         return len(orphans)
@@ -279,7 +366,9 @@ class Ledger:
             self._put("report.html", render(report).encode())
 
     def finish(self, report: dict[str, Any], html: bool = True) -> None:
-        """Write the report, the manifest and then the success marker."""
+        """Write the report, the manifest and then the success marker (the caller has
+        verified, with :meth:`reconcile`, that every file they name exists)."""
+        self._guard()
         self.save_report(report, html)
         self._write_json(MANIFEST, self.manifest(report.get("fingerprint")))
         retrying(lambda: put(self.fs, f"{self.root}/{SUCCESS}", b""), f"writing {SUCCESS}")

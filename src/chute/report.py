@@ -82,6 +82,8 @@ class Report:
     """Rows a model raised on, written to the errors dataset (quarantine)."""
     units_bad: list[dict[str, str]] = field(default_factory=list)
     """Input units that could not be read and were skipped (on_bad_input: skip)."""
+    units_redone: list[str] = field(default_factory=list)
+    """Units an earlier run committed whose files were missing or changed: recomputed."""
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Metric values by model (``dataset`` for input-only metrics), then by metric name."""
     plots: list[dict[str, Any]] = field(default_factory=list)
@@ -126,6 +128,13 @@ class Report:
         table.add_row("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}")
         for bad in self.units_bad:
             table.add_row("skipped input", f"{bad['unit']}: {bad['error']}")
+        if self.units_redone:
+            shown = ", ".join(self.units_redone[:3]) + (", …" if len(self.units_redone) > 3 else "")
+            table.add_row(
+                "units redone",
+                f"{len(self.units_redone)} committed earlier had missing or changed files "
+                f"({shown})",
+            )
         if self.rows_failed:
             table.add_row("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)")
         if self.rows_skipped:

@@ -7,18 +7,20 @@ caller asked for the result in memory.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 from rich.console import Console
 
-from chute.errors import ChuteError, ModelError
+from chute.errors import ChuteError, JobStateError, ModelError
 from chute.evaluation import from_text, to_text
 from chute.job import Job, fingerprint_of
+from chute.lease import Lease
 from chute.ledger import Ledger
 from chute.metrics import State
 from chute.plan import Plan, build_plan
@@ -59,6 +61,32 @@ class Committer:
         self._pending: list[dict[str, Any]] = []
         """Completed units not yet in the ledger (object stores write them in batches)."""
         self._flushed = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def __enter__(self) -> Committer:
+        """Flush due ledger batches on a timer too: a unit that completed must not wait
+        for the next one to complete before it is committed (object stores batch)."""
+        if self.ledger is not None and self.ledger.batch_seconds > 0:
+            threading.Thread(target=self._tick, name="chute-commit", daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+
+    def _tick(self) -> None:
+        assert self.ledger is not None
+        while not self._stop.wait(min(0.25, self.ledger.batch_seconds)):
+            with self._lock:
+                if self._pending and self._due():
+                    try:
+                        self._flush()
+                    except Exception:  # the driver's next commit or final flush retries
+                        log.debug("a timed ledger flush failed", exc_info=True)
+
+    def _due(self) -> bool:
+        waited, elapsed = time.monotonic() - self._flushed, time.perf_counter() - self._started
+        return self.ledger is None or self.ledger.flush_due(waited, elapsed)
 
     def add(self, records: Sequence[PartRecord]) -> None:
         """Take records from the writers; commit the units they complete."""
@@ -100,18 +128,22 @@ class Committer:
             return
         entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
         self.timeline.append((round(time.perf_counter() - self._started, 3), self.rows_in))
-        self._pending.extend(entries)
-        waited, elapsed = time.monotonic() - self._flushed, time.perf_counter() - self._started
-        if self.ledger is None or self.ledger.flush_due(waited, elapsed):
-            self.flush()
+        with self._lock:
+            self._pending.extend(entries)
+            if self._due():
+                self._flush()
         if self.bar is not None:
             self.bar.describe(f"units {len(self.done)}/{len(self.units)}")
 
     def flush(self) -> None:
         """Write the completed units to the ledger: only now are they committed."""
-        pending, self._pending = self._pending, []
-        if self.ledger is not None and pending:
-            self.ledger.commit(pending)
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.ledger is not None and self._pending:
+            self.ledger.commit(self._pending)  # kept pending if this raises
+        self._pending = []
         self._flushed = time.monotonic()
 
     def _entry(self, index: int, parts: list[PartRecord]) -> dict[str, Any]:
@@ -182,35 +214,71 @@ def run_job(
     plan = build_plan(job, limit=limit)
     engine = _engine(plan, verbose)
     engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
-    ledger = None
     description = job.describe()  # once: it hashes in-memory data and model arguments
-    fingerprint = fingerprint_of(description)
-    if job.output is not None:
-        ledger = Ledger.open(
-            job.output.path,
-            fingerprint,
-            description,
-            overwrite,
-            len(plan.units),
-            storage=job.output.storage,
+    run = _Run(plan, fingerprint_of(description), started)
+    if job.output is None:
+        return _execute(run, engine, None, progress, console)
+    with Ledger.claim(job.output.path, job.output.storage) as lease:
+        ledger = _open_ledger(run, description, lease, overwrite)
+        return _execute(run, engine, ledger, progress, console)
+
+
+@dataclass
+class _Run:
+    """One run of a plan: what the report says besides the committer's counts."""
+
+    plan: Plan
+    fingerprint: str
+    started: float
+    redone: list[str] = field(default_factory=list)
+    """Committed units whose files were missing or changed, so recomputed."""
+
+
+def _open_ledger(run: _Run, description: dict[str, Any], lease: Lease, overwrite: bool) -> Ledger:
+    """The output's ledger, verified: units whose parts are missing or changed are
+    forgotten (and so recomputed), orphans removed; ``plan.pending`` is what is left."""
+    plan = run.plan
+    output = plan.job.output
+    assert output is not None
+    ledger = Ledger.open(
+        output.path,
+        run.fingerprint,
+        description,
+        overwrite,
+        len(plan.units),
+        storage=output.storage,
+        lease=lease,
+    )
+    ledger.unfinish()
+    run.redone = ledger.reconcile()
+    if run.redone:
+        log.warning(
+            "%d committed unit(s) had missing or changed files and are recomputed: %s",
+            len(run.redone),
+            ", ".join(run.redone[:5]),
         )
-        done = ledger.entries
-        plan.pending = [u for u in plan.units if u.id not in done]
-        ledger.remove_orphans()
-        ledger.unfinish()
+    plan.pending = [u for u in plan.units if u.id not in ledger.entries]
+    return ledger
+
+
+def _execute(
+    run: _Run, engine: Any, ledger: Ledger | None, progress: bool, console: Console | None
+) -> Report:
+    """Run the pending units, commit them as they finish, and write the report."""
+    plan = run.plan
     bar = ProgressBar(plan.pending_rows, console=console, enabled=progress)
     committer = Committer(plan, ledger, bar)
     if ledger is not None:
         committer.absorb(ledger.entries.values())
     try:
-        with bar:
+        with bar, committer:
             stages = engine.execute(plan, committer.add) if plan.pending else {}
         committer.flush()
     except ModelError as exc:
-        _save_partial(ledger, plan, committer, started, fingerprint)
+        _save_partial(ledger, run, committer)
         raise _located(exc, plan) from exc
     except BaseException:  # Ctrl-C too: what was committed is reported, then resumed
-        _save_partial(ledger, plan, committer, started, fingerprint)
+        _save_partial(ledger, run, committer)
         raise
     missing = committer.missing()
     if missing:
@@ -219,19 +287,35 @@ def run_job(
             f"{len(missing)} unit(s) did not complete ({names}); the ledger holds the rest. "
             "Run the job again to finish them."
         )
-    report = _report(plan, committer, stages, time.perf_counter() - started, fingerprint)
+    report = _report(run, committer, stages)
     if ledger is not None:
-        ledger.remove_orphans()
-        # The HTML (matplotlib: ~0.7 s) comes with runs that have metrics to plot;
-        # `chute report OUTPUT` writes it for any run.
-        ledger.finish(report.to_dict(), html=bool(plan.evaluation))
+        _finish(ledger, plan, report)
     report.result = committer.result()
     return report
 
 
-def _save_partial(
-    ledger: Ledger | None, plan: Plan, committer: Committer, started: float, fingerprint: str
-) -> None:
+def _finish(ledger: Ledger, plan: Plan, report: Report) -> None:
+    """Verify the result once more, then write the manifest and ``_SUCCESS``."""
+    vanished = ledger.reconcile()
+    unrecorded = [u.id for u in plan.units if u.id not in ledger.entries]
+    if unrecorded and not vanished:  # the last guard before _SUCCESS: never a silent loss
+        raise ChuteError(
+            f"{len(unrecorded)} unit(s) are not in the ledger after the run "
+            f"({', '.join(unrecorded[:5])}); nothing is marked finished. Run the job again."
+        )
+    if vanished:
+        ledger.save_report(report.to_dict(), html=False)
+        raise JobStateError(
+            f"{len(vanished)} committed unit(s) lost files during the run "
+            f"({', '.join(vanished[:5])}): something else deletes or rewrites files in "
+            f"{report.output!r}. Nothing is marked finished; run the job again to redo them."
+        )
+    # The HTML (matplotlib: ~0.7 s) comes with runs that have metrics to plot;
+    # `chute report OUTPUT` writes it for any run.
+    ledger.finish(report.to_dict(), html=bool(plan.evaluation))
+
+
+def _save_partial(ledger: Ledger | None, run: _Run, committer: Committer) -> None:
     """Report what the interrupted run committed (``chute report`` shows it again)."""
     if ledger is None:
         return
@@ -239,10 +323,10 @@ def _save_partial(
         committer.flush()  # the parts of these units are in place: keep them
     except Exception:
         log.warning("could not write the last ledger batch", exc_info=True)
-    report = _report(plan, committer, {}, time.perf_counter() - started, fingerprint)
+    report = _report(run, committer, {})
     report.complete = False
     try:
-        ledger.save_report(report.to_dict(), html=bool(plan.evaluation))
+        ledger.save_report(report.to_dict(), html=bool(run.plan.evaluation))
     except Exception:
         log.warning("could not write the partial report", exc_info=True)
 
@@ -273,18 +357,13 @@ def _engine(plan: Plan, verbose: bool) -> Any:
     return LocalEngine()
 
 
-def _report(
-    plan: Plan,
-    committer: Committer,
-    stages: dict[str, StageStats],
-    wall: float,
-    fingerprint: str,
-) -> Report:
+def _report(run: _Run, committer: Committer, stages: dict[str, StageStats]) -> Report:
+    plan = run.plan
     skipped = [u for u in plan.units if u not in plan.pending]
     stats = dict(stages)
     stats["write"] = committer.write
     return Report(
-        fingerprint=fingerprint,
+        fingerprint=run.fingerprint,
         engine=plan.engine,
         engine_reason=plan.engine_reason,
         output=redact(plan.job.output.path) if plan.job.output else None,
@@ -300,6 +379,7 @@ def _report(
         plots=committer.evaluation.plots(committer.metric_states),
         rows_skipped=sum(u.rows or 0 for u in skipped),
         parts=committer.parts,
-        wall_seconds=wall,
+        wall_seconds=time.perf_counter() - run.started,
+        units_redone=run.redone,
         stages=stats,
     )
