@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,107 @@ def test_permanent_errors_are_not_retried() -> None:
 )
 def test_transient_classification(exc: BaseException, expected: bool) -> None:
     assert transient(exc) is expected
+
+
+def _empty_parquet(path: Path, row_groups: int) -> None:
+    """A Parquet file with no rows: ``row_groups`` empty row groups (0: none at all)."""
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float64())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for _ in range(row_groups):
+            writer.write_table(schema.empty_table())
+
+
+def _good_files(root: Path, suffix: str) -> None:
+    """Three files of 100 rows (ids 0..299), as Parquet or CSV."""
+    root.mkdir()
+    for i in range(3):
+        table = pa.table({"id": np.arange(i * 100, i * 100 + 100), "x": np.arange(100.0)})
+        if suffix == ".csv":
+            table.to_pandas().to_csv(root / f"f{i}.csv", index=False)
+        else:
+            pq.write_table(table, root / f"f{i}.parquet")
+
+
+def _ledger_rows(out: Path) -> dict[str, int]:
+    lines = (out / "_chute" / "ledger.jsonl").read_text().splitlines()
+    return {json.loads(line)["unit"].rsplit("/", 1)[1]: json.loads(line)["rows"] for line in lines}
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        pytest.param("f1a.parquet", lambda p: _empty_parquet(p, 1), id="parquet-empty"),
+        pytest.param("f1a.parquet", lambda p: _empty_parquet(p, 3), id="parquet-empty-groups"),
+        pytest.param("f1a.parquet", lambda p: _empty_parquet(p, 0), id="parquet-no-groups"),
+        pytest.param("f1a.csv", lambda p: p.write_text("id,x\n"), id="csv-header-only"),
+        pytest.param("e.csv", lambda p: p.write_text("id,x\n"), id="csv-header-only-first"),
+    ],
+)
+@pytest.mark.timeout(180)
+def test_zero_row_files_are_done_units(
+    tmp_path: Path, engine: str, name: str, make: Callable[[Path], None]
+) -> None:
+    root, out = tmp_path / "in", tmp_path / "out"
+    _good_files(root, Path(name).suffix)
+    make(root / name)
+    report = _job(chute.FileSource(str(root)), out, engine).run()
+    assert (report.units_done, report.rows_in, report.units_bad) == (4, 300, [])
+    assert sorted(pd.read_parquet(out).id) == list(range(300))
+    assert _ledger_rows(out)[name] == 0 and (out / "_SUCCESS").exists()
+    resumed = _job(chute.FileSource(str(root)), out, engine).run()
+    assert (resumed.units_done, resumed.units_skipped) == (0, 4)
+
+
+def _truncated(path: Path) -> None:
+    _write(path, range(900, 1000), np.arange(100.0))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # no footer
+
+
+def _bad_magic(path: Path) -> None:
+    _write(path, range(900, 1000), np.arange(100.0))
+    data = path.read_bytes()
+    path.write_bytes(data[:-4] + b"XXXX")
+
+
+UNREADABLE = [
+    pytest.param("f1a.parquet", _truncated, id="truncated"),
+    pytest.param("a.parquet", _truncated, id="truncated-first"),
+    pytest.param("f1a.parquet", _bad_magic, id="bad-magic"),
+    pytest.param("f1a.parquet", lambda p: p.write_bytes(b"\x00garbage" * 64), id="garbage"),
+    pytest.param("f1a.csv", lambda p: p.write_text('id,x\n1,2\n3,"4\n5\n'), id="csv-unparsable"),
+    pytest.param("f1a.csv", lambda p: p.write_text("id,x\n1,2,3,4\n"), id="csv-ragged"),
+]
+
+
+@pytest.mark.parametrize(("name", "make"), UNREADABLE)
+@pytest.mark.timeout(180)
+def test_skip_leaves_every_unreadable_file_out(
+    tmp_path: Path, engine: str, name: str, make: Callable[[Path], None]
+) -> None:
+    root, out = tmp_path / "in", tmp_path / "out"
+    _good_files(root, Path(name).suffix)
+    make(root / name)
+    report = _job(chute.FileSource(str(root)), out, engine, "skip").run()
+    assert sorted(pd.read_parquet(out).id) == list(range(300))
+    assert [b["unit"].rsplit("/", 1)[1] for b in report.units_bad] == [name]
+    assert name in report.units_bad[0]["error"]
+    assert (report.units_done, report.rows_in) == (4, 300)
+    saved = json.loads((out / "_chute" / "report.json").read_text())
+    assert [b["unit"] for b in saved["units_bad"]] == [b["unit"] for b in report.units_bad]
+    resumed = _job(chute.FileSource(str(root)), out, engine, "skip").run()
+    assert (resumed.units_done, resumed.units_skipped) == (0, 4)
+
+
+@pytest.mark.parametrize(("name", "make"), UNREADABLE)
+@pytest.mark.timeout(180)
+def test_fail_names_the_unreadable_file(
+    tmp_path: Path, engine: str, name: str, make: Callable[[Path], None]
+) -> None:
+    root, out = tmp_path / "in", tmp_path / "out"
+    _good_files(root, Path(name).suffix)
+    make(root / name)
+    with pytest.raises(chute.DataError) as info:
+        _job(chute.FileSource(str(root)), out, engine).run()
+    assert str(root / name) in str(info.value)
+    assert not (out / "_SUCCESS").exists()

@@ -9,12 +9,14 @@
     └── ResourceError            exit 6   the cluster cannot give what the job asks for
 
 Errors from Ray, Arrow and the frameworks are translated where they cross into chute,
-with ``raise ... from exc`` so the original traceback is kept.
+with ``raise ... from exc`` so the original traceback is kept. An ``OSError`` met while
+writing the output is translated by its errno, in one place: :func:`write_error`.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Iterable
 
 
@@ -86,3 +88,35 @@ def missing_columns_error(
         f"{where}: column(s) {', '.join(repr(m) for m in missing)} not found in the data."
         f"{hints} Available columns: {', '.join(available)}."
     )
+
+
+_FREE = "free space, or choose another output"
+_GRANT = "make the output writable by this user, or choose another output"
+_WRITE_ERRORS: dict[int, tuple[type[ChuteError], str, str]] = {
+    errno.ENOSPC: (ResourceError, "no space left on device", _FREE),
+    errno.EDQUOT: (ResourceError, "disk quota exceeded", _FREE),
+    errno.EFBIG: (
+        ResourceError,
+        "file too large (over the file size limit, see `ulimit -f`, or the file system's)",
+        "raise the limit, or choose another output",
+    ),
+    errno.EACCES: (ConfigError, "permission denied", _GRANT),
+    errno.EPERM: (ConfigError, "operation not permitted", _GRANT),
+    errno.EROFS: (ConfigError, "read-only file system", "choose an output on a writable one"),
+}
+"""What an errno met writing the output means: the error class, the reason, the fix."""
+
+
+def write_error(exc: OSError, path: str) -> ChuteError | None:
+    """The chute error for an ``OSError`` met writing ``path``, by its errno (``None`` for
+    an errno without one: that error stays as it is).
+
+    >>> error = write_error(OSError(errno.ENOSPC, "No space left on device"), "/out/part-1")
+    >>> type(error).__name__, str(error).split(":")[0]
+    ('ResourceError', 'no space left on device writing /out/part-1')
+    """
+    known = _WRITE_ERRORS.get(exc.errno or 0)
+    if known is None:
+        return None
+    kind, reason, fix = known
+    return kind(f"{reason} writing {path}: {fix}. Run the job again once fixed: it resumes.")

@@ -43,7 +43,7 @@ from chute.errors import JobStateError
 from chute.lease import OWNERS_DIR, Lease
 from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
-from chute.storage import StorageOptions, check, is_local, put, read, redact
+from chute.storage import StorageOptions, append, check, is_local, make_dir, put, read, redact
 
 META_DIR = "_chute"
 SUCCESS = "_SUCCESS"
@@ -183,7 +183,7 @@ class Ledger:
             elif owner is not None:
                 return
         if is_local(self.fs):  # object stores have no directories to make
-            self.fs.create_dir(self.meta, recursive=True)
+            make_dir(self.fs, self.meta)
         self._write_json(
             "job.json",
             {
@@ -285,13 +285,12 @@ class Ledger:
         blob = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in batch).encode()
         if self.objects:
             if is_local(self.fs):
-                self.fs.create_dir(f"{self.meta}/{LEDGER_DIR}", recursive=True)
+                make_dir(self.fs, f"{self.meta}/{LEDGER_DIR}")
             name = f"{LEDGER_DIR}/{self._seq:08d}-{uuid.uuid4().hex[:8]}.jsonl"
             self._put(name, blob)  # whole or not at all; a retry rewrites the same object
             self._seq += 1
         else:
-            with self.fs.open_append_stream(f"{self.meta}/{LEDGER_FILE}") as f:
-                f.write(blob)
+            append(self.fs, f"{self.meta}/{LEDGER_FILE}", blob)
         for entry in batch:
             self._entries[entry["unit"]] = entry
 

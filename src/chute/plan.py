@@ -28,7 +28,7 @@ from chute.sources import (
     UnreadableRows,
     check_columns,
 )
-from chute.stages import KEY, mark_failed, skip_marker, tag
+from chute.stages import KEY, empty_marker, mark_failed, skip_marker, tag
 
 UNREADABLE = "<input row>"
 """The error "model" of an input row that could not be decoded (on_bad_input: skip)."""
@@ -115,24 +115,34 @@ class Reader:
     skip_bad: bool = False
 
     def __call__(self, unit: Unit) -> Iterator[pa.Table]:
+        if unit.error and not self.skip_bad:
+            raise DataError(unit.error)
         try:
-            table = self._conform(self.source.read(unit, self.columns), unit)
-        except UnreadableRows as exc:  # some rows only (an image file): the others go on
-            if not self.skip_bad:
-                raise
-            rows = np.array([row for row, _ in exc.bad], dtype=np.int64)
-            reasons = [DataError(reason) for _, reason in exc.bad]
-            table = mark_failed(self._conform(exc.table, unit), rows, UNREADABLE, reasons)
+            table = None if unit.error or unit.rows == 0 else self._read(unit)
         except DataError as exc:
             if not self.skip_bad:
                 raise
-            yield skip_marker(unit.index, str(exc))
+            table, unit = None, replace(unit, error=str(exc))
+        if table is None or table.num_rows == 0:  # unreadable (skipped), or no rows
+            yield skip_marker(unit.index, unit.error) if unit.error else empty_marker(unit.index)
             return
         if unit.rows is not None and table.num_rows > unit.rows:
             table = table.slice(0, unit.rows)  # a --limit cut this unit short
         total = table.num_rows
         for start in range(0, total, READ_BATCH_ROWS):
             yield tag(table.slice(start, READ_BATCH_ROWS), unit.index, start, total)
+
+    def _read(self, unit: Unit) -> pa.Table:
+        """The unit's rows, conformed to the planned schema (none: not conformed)."""
+        try:
+            table = self.source.read(unit, self.columns)
+        except UnreadableRows as exc:  # some rows only (an image file): the others go on
+            if not self.skip_bad:
+                raise
+            rows = np.array([row for row, _ in exc.bad], dtype=np.int64)
+            reasons = [DataError(reason) for _, reason in exc.bad]
+            return mark_failed(self._conform(exc.table, unit), rows, UNREADABLE, reasons)
+        return self._conform(table, unit) if table.num_rows else table
 
     def _conform(self, table: pa.Table, unit: Unit) -> pa.Table:
         if self.schema is None:
@@ -215,11 +225,14 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     units = job.source.plan()
     if not units:
         raise DataError("the input has no units to read: the dataset is empty.")
-    if all(u.rows == 0 for u in units):
+    readable = [u for u in units if not u.error]
+    if len(readable) < len(units) and job.on_bad_input == "fail":
+        raise DataError(next(u.error for u in units if u.error))
+    if all(u.rows == 0 for u in readable):
         raise DataError("the input dataset has no rows: nothing to predict.")
     if limit is not None:
-        units = _limit(units, limit)
-    stages = [_stage(job, m, schema, units) for m in job.models]
+        units = _limit(readable, limit)
+    stages = [_stage(job, m, schema, readable) for m in job.models]
     engine, reason = choose_engine(job)
     plan = Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
     plan.source_columns = list(schema.names)
@@ -227,7 +240,7 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     plan.schema = (
         schema if read_columns is None else pa.schema([schema.field(c) for c in read_columns])
     )
-    plan.reference = units[0].path or units[0].id
+    plan.reference = readable[0].path or readable[0].id
     return plan
 
 
@@ -310,7 +323,8 @@ def _row_bytes(job: Job, inputs: Sequence[str], schema: pa.Schema, units: list[U
     if all(pa.types.is_primitive(t) for t in fixed):
         width = sum(t.bit_width // 8 or 1 for t in fixed)
     else:
-        sample = job.source.read(units[0], known).slice(0, 1024)
+        first = next((u for u in units if u.rows != 0), units[0])
+        sample = job.source.read(first, known).slice(0, 1024)
         width = int(sample.nbytes / max(sample.num_rows, 1))
     return float(width + 8 * (len(inputs) - len(known)))
 

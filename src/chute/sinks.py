@@ -20,8 +20,16 @@ import pyarrow.parquet as pq
 
 from chute.plan import Output
 from chute.retry import retrying
-from chute.stages import ERROR_COLUMNS, ERROR_MESSAGE, ERROR_MODEL, KEY, SKIPPED, decode
-from chute.storage import StorageOptions, is_local, put, resolve
+from chute.stages import (
+    EMPTY,
+    ERROR_COLUMNS,
+    ERROR_MESSAGE,
+    ERROR_MODEL,
+    KEY,
+    SKIPPED,
+    decode,
+)
+from chute.storage import StorageOptions, is_local, make_dir, put, resolve
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
@@ -128,7 +136,7 @@ class PartWriter:
             record = self._write_run(
                 table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total
             )
-            if self.output.evaluation and not record.skipped:
+            if self.output.evaluation and record.end > record.start and not record.skipped:
                 written = _healthy(full.slice(lo, hi - lo))
                 record = replace(record, metrics=self.output.evaluation.measure(written))
             records.append(record)
@@ -139,9 +147,12 @@ class PartWriter:
     ) -> PartRecord:
         began = time.perf_counter()
         end = start + part.num_rows
-        if errors is not None and errors.column(ERROR_MODEL)[0].as_py() == SKIPPED:
+        marker = errors.column(ERROR_MODEL)[0].as_py() if errors is not None else None
+        if errors is not None and marker == SKIPPED:
             reason = str(errors.column(ERROR_MESSAGE)[0].as_py())  # an unreadable unit
             return PartRecord(unit, start, end, total, "", 0, 0.0, skipped=reason)
+        if marker == EMPTY:  # a unit without rows: done, with nothing to write
+            return PartRecord(unit, 0, 0, 0, "", 0, 0.0)
         failed = _failed_mask(errors)
         if failed is None or errors is None:
             errors = None
@@ -183,7 +194,7 @@ class PartWriter:
         relative = f"{folder}/{name}" if folder else name
         fs, root = self._filesystem()
         if folder and is_local(fs):  # object stores have no directories to make
-            fs.create_dir(f"{root}/{folder}", recursive=True)
+            make_dir(fs, f"{root}/{folder}")
         payload = encode(table, self.sink.format)
         retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
         return relative, len(payload)

@@ -51,6 +51,7 @@ READ_BATCH_ROWS = 65_536
 """Rows per batch handed downstream by a reader; units are read whole, then sliced."""
 MEMORY_UNIT_ROWS = 262_144
 """Rows per unit for in-memory data."""
+_FIX = " Replace or remove the file, or set on_bad_input: skip to leave such files out."
 
 
 class UnreadableRows(DataError):
@@ -91,6 +92,9 @@ class Unit:
     """A Ray object reference holding the unit's table (Ray Dataset input)."""
     files: tuple[str, ...] = ()
     """The files of a unit that groups several (images), so that a read task gets only its own."""
+    error: str = ""
+    """Why the unit cannot be read, where planning found out (a Parquet footer): the job
+    fails naming it, or skips it (``on_bad_input``)."""
 
 
 class Source(Protocol):
@@ -189,6 +193,8 @@ class FileSource:
         self._files: list[str] | None = None
         self._stamps: dict[str, tuple[int | None, int | None]] = {}
         self._fs: pafs.FileSystem | None = None
+        self._bad: dict[str, str] = {}
+        """Files found unreadable while planning, and why."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -202,6 +208,7 @@ class FileSource:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._fs = None
+        self._bad = {}
 
     @property
     def filesystem(self) -> pafs.FileSystem:
@@ -240,33 +247,62 @@ class FileSource:
         return open_input_file(self.filesystem, path)
 
     def schema(self) -> pa.Schema:
-        first = self.files()[0]
+        """The columns of the first file that can be read (for CSV and JSON Lines, of the
+        first with rows: a header alone has no types). A file that cannot be read is
+        planned as a unit that failed (:attr:`Unit.error`); the job names it or skips it."""
+        fallback: pa.Schema | None = None
+        for path in self.files():
+            if path in self._bad:
+                continue
+            try:
+                schema, rows = self._schema_of(path)
+            except DataError as exc:
+                self._bad[path] = str(exc)
+                continue
+            if rows != 0:
+                return schema
+            fallback = fallback or schema
+        if fallback is not None:
+            return fallback
+        raise DataError(next(iter(self._bad.values())))
+
+    def _schema_of(self, path: str) -> tuple[pa.Schema, int | None]:
+        """A file's columns, and its rows where that took reading them (CSV, JSON Lines)."""
         try:
             if self.format == "parquet":
-                return retrying(lambda: pq.read_schema(self._open(first)), f"reading {first}")
-            return retrying(lambda: self._read_file(first, None), f"reading {first}").schema
+                return retrying(lambda: pq.read_schema(self._open(path)), f"reading {path}"), None
+            table = retrying(lambda: self._read_file(path, None), f"reading {path}")
+            return table.schema, table.num_rows
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read the schema of {first!r}: {exc}") from exc
+            raise DataError(f"cannot read the schema of {path!r}: {exc}{_FIX}") from exc
 
     def plan(self) -> list[Unit]:
         files = self.files()
         if self.format != "parquet":
-            return [Unit(i, self._unit_id(f), None, None, path=f) for i, f in enumerate(files)]
+            return [
+                Unit(i, self._unit_id(f), None, None, path=f, error=self._bad.get(f, ""))
+                for i, f in enumerate(files)
+            ]
         with ThreadPoolExecutor(max_workers=16) as pool:
             metas = list(pool.map(self._footer, files))
         units: list[Unit] = []
         for path, meta in zip(files, metas, strict=True):
-            units.extend(self._parquet_units(path, meta, len(units)))
+            if isinstance(meta, DataError):
+                uid = self._unit_id(path)
+                units.append(Unit(len(units), uid, None, path=path, error=str(meta)))
+            else:
+                units.extend(self._parquet_units(path, meta, len(units)))
         return units
 
-    def _footer(self, path: str) -> pq.FileMetaData:
+    def _footer(self, path: str) -> pq.FileMetaData | DataError:
+        """The file's footer, or the error that says why it cannot be read."""
         try:
             size = self._stamps.get(path, (None, None))[0]
             return retrying(
                 lambda: parquet_metadata(self.filesystem, path, size), f"reading {path}"
             )
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read the Parquet footer of {path!r}: {exc}") from exc
+            return DataError(f"cannot read the Parquet footer of {path!r}: {exc}{_FIX}")
 
     def _parquet_units(self, path: str, meta: pq.FileMetaData, start: int) -> list[Unit]:
         units: list[Unit] = []

@@ -387,16 +387,29 @@ ERROR_COLUMNS = (ERROR_MODEL, ERROR_TYPE, ERROR_MESSAGE)
 
 SKIPPED = "<input>"
 """The error "model" of a skip marker: a unit that could not be read (on_bad_input: skip)."""
+EMPTY = "<empty>"
+"""The error "model" of an empty marker: a unit that holds no rows."""
 
 
 def skip_marker(unit_index: int, message: str) -> pa.Table:
     """One row standing for a whole unreadable unit; writers record it, nothing predicts it."""
+    return _marker(unit_index, SKIPPED, "DataError", message)
+
+
+def empty_marker(unit_index: int) -> pa.Table:
+    """One row standing for a unit without rows: the row key of a last row needs a row, so
+    this one carries the news that the unit is done; writers record 0 rows, nothing
+    predicts it."""
+    return _marker(unit_index, EMPTY, "", "the unit has no rows")
+
+
+def _marker(unit_index: int, model: str, kind: str, message: str) -> pa.Table:
     key = -((unit_index << ROW_BITS) + 0) - 1  # row 0, and the last row: a unit of one
     return pa.table(
         {
             KEY: pa.array([key], pa.int64()),
-            ERROR_MODEL: pa.array([SKIPPED], pa.string()),
-            ERROR_TYPE: pa.array(["DataError"], pa.string()),
+            ERROR_MODEL: pa.array([model], pa.string()),
+            ERROR_TYPE: pa.array([kind], pa.string()),
             ERROR_MESSAGE: pa.array([message], pa.string()),
         }
     )

@@ -22,18 +22,21 @@ under a unique final name (an S3 PUT is atomic: an object appears whole or not a
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
 
-from chute.errors import ConfigError
+from chute.errors import ConfigError, write_error
 
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 S3_SCHEMES = ("s3", "s3a")
@@ -236,18 +239,51 @@ def is_local(fs: pafs.FileSystem) -> bool:
 def put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the whole file or none of it.
 
-    Locally: under a temporary name, then renamed into place. On an object store: one
-    upload under the final name (an S3 PUT is atomic); no rename exists there.
+    Locally: under a temporary name, then renamed into place (a failed write removes its
+    temporary). On an object store: one upload under the final name (an S3 PUT is
+    atomic); no rename exists there. A full disk or a refused write raises chute's error
+    for it (:func:`writing`).
     """
-    if not is_local(fs):
-        with fs.open_output_stream(path) as out:
-            out.write(data)
-        return
-    directory, _, base = path.rpartition("/")
-    tmp = f"{directory}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
-    with fs.open_output_stream(tmp) as out:
+    with writing(path):
+        if not is_local(fs):
+            with fs.open_output_stream(path) as out:
+                out.write(data)
+            return
+        directory, _, base = path.rpartition("/")
+        tmp = f"{directory}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with fs.open_output_stream(tmp) as out:
+                out.write(data)
+            fs.move(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # what a full disk holds of it, freed
+                fs.delete_file(tmp)
+            raise
+
+
+def append(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Append ``data`` to ``path`` (local files only: object stores have no append)."""
+    with writing(path), fs.open_append_stream(path) as out:
         out.write(data)
-    fs.move(tmp, path)
+
+
+def make_dir(fs: pafs.FileSystem, path: str) -> None:
+    """Create the directory ``path`` and its parents (where a filesystem has directories)."""
+    with writing(path):
+        fs.create_dir(path, recursive=True)
+
+
+@contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn an ``OSError`` of a write to ``path`` into chute's error for its errno (a full
+    disk, a read-only or refused location: :func:`chute.errors.write_error`)."""
+    try:
+        yield
+    except OSError as exc:
+        error = write_error(exc, redact(path))
+        if error is None:
+            raise
+        raise error from exc
 
 
 def read(fs: pafs.FileSystem, path: str) -> bytes | None:
@@ -306,7 +342,9 @@ PERMANENT_S3 = re.compile(
 
 def check(path: str, storage: StorageOptions | None = None, what: str = "input") -> None:
     """Fail at once, naming the bucket and the fix, when ``path``'s bucket is missing or
-    refuses these credentials (a no-op for local paths)."""
+    refuses these credentials; a local output must be writable by this user."""
+    if scheme_of(path) in ("", "file", "local") and what == "output":
+        check_writable(resolve(path, storage)[1])
     if scheme_of(path) not in S3_SCHEMES:
         return
     fs, root = resolve(path, storage)
@@ -321,6 +359,20 @@ def check(path: str, storage: StorageOptions | None = None, what: str = "input")
             f"the {what} bucket {bucket!r} ({redact(path)}) does not exist"
             f"{_where(storage)}. Check the bucket name, or create the bucket first."
         )
+
+
+def check_writable(directory: str) -> None:
+    """Refuse, before any compute, a local output directory (or, where it does not exist
+    yet, the directory it would be made in) that this user cannot write to."""
+    existing = directory
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or os.access(existing, os.W_OK | os.X_OK):
+        return
+    code = errno.EROFS if os.statvfs(existing).f_flag & os.ST_RDONLY else errno.EACCES
+    error = write_error(OSError(code, os.strerror(code)), existing)
+    assert error is not None  # both errnos have one
+    raise error
 
 
 def _detailed(fs: pafs.FileSystem, root: str, exc: OSError) -> OSError:
