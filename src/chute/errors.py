@@ -97,8 +97,8 @@ _WRITE_ERRORS: dict[int, tuple[type[ChuteError], str, str]] = {
     errno.EDQUOT: (ResourceError, "disk quota exceeded", _FREE),
     errno.EFBIG: (
         ResourceError,
-        "file too large (over the file size limit, see `ulimit -f`, or the file system's)",
-        "raise the limit, or choose another output",
+        "file too large",
+        "raise the file size limit (ulimit -f), or choose another output",
     ),
     errno.EACCES: (ConfigError, "permission denied", _GRANT),
     errno.EPERM: (ConfigError, "operation not permitted", _GRANT),

@@ -1,0 +1,249 @@
+"""Writing the output fails (a full disk, a file size limit, a refused or read-only
+location): a chute error that names the path and the fix, its exit code, no traceback,
+and a resume that ends with every row exactly once once the cause is gone."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+from chute.errors import ChuteError, ConfigError, ResourceError
+from chute.storage import append, check_writable, make_dir, put
+
+LIMIT = 64 * 1024
+"""The file size limit the failing runs write under: more than the ledger's and the
+claim's files, less than one part."""
+ROWS = 60_000
+
+JOB = """
+input: {path: in, format: parquet}
+carryover: [id]
+models:
+  - name: m
+    fn: models.py:double
+    inputs: [x]
+output: {path: out}
+engine: local
+"""
+
+MODELS = """
+import numpy as np
+
+def double(batch):
+    return np.asarray(batch["x"]) * 2
+"""
+
+LIMITED = (
+    "import resource, runpy, signal, sys; "
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "  # the write gets EFBIG, not a signal
+    f"resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT}, resource.RLIM_INFINITY)); "
+    "sys.argv = ['chute', *sys.argv[1:]]; runpy.run_module('chute', run_name='__main__')"
+)
+"""``python -c LIMITED run job.yaml``: ``chute`` under a file size limit."""
+
+UNPRIVILEGED = (
+    "import ctypes, os, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(24, 1, 0, 0, 0); "  # PR_CAPBSET_DROP, DAC_OVERRIDE
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+"""``python -c UNPRIVILEGED cmd...``: root without the capability that ignores file modes."""
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    """A job over three Parquet files (ids 0..ROWS-1), its model file, no output yet."""
+    (tmp_path / "in").mkdir()
+    per = ROWS // 3
+    for i in range(3):
+        ids = np.arange(i * per, (i + 1) * per)
+        pq.write_table(pa.table({"id": ids, "x": ids * 0.5}), tmp_path / "in" / f"f{i}.parquet")
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "models.py").write_text(MODELS)
+    return tmp_path
+
+
+CHUTE = [sys.executable, "-m", "chute"]
+
+
+def _chute(job_dir: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``chute run job.yaml`` in a subprocess, ``command`` standing for ``chute``; its output
+    with rich's line wrapping undone."""
+    done = subprocess.run(
+        [*command, "run", "job.yaml"],
+        cwd=job_dir,
+        env={**os.environ, "COLUMNS": "1000"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    done.stdout, done.stderr = " ".join(done.stdout.split()), " ".join(done.stderr.split())
+    return done
+
+
+def _exactly_once(out: Path) -> None:
+    ids = pd.read_parquet(out).id
+    assert sorted(ids) == list(range(ROWS))
+    assert (out / "_SUCCESS").exists()
+
+
+@pytest.mark.timeout(300)
+def test_file_size_limit_is_a_clear_error_and_the_resume_completes(job_dir: Path) -> None:
+    failed = _chute(job_dir, [sys.executable, "-c", LIMITED])
+    said = failed.stdout + failed.stderr
+    assert failed.returncode == ResourceError.exit_code, said
+    assert "Traceback" not in said
+    assert "file too large" in said and f"writing {job_dir / 'out'}/part-" in said
+    assert "raise the file size limit (ulimit -f), or choose another output" in said
+    done = _chute(job_dir, CHUTE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _exactly_once(job_dir / "out")
+
+
+def _unprivileged() -> list[str]:
+    """The launcher that makes a write into a directory of mode 0o555 fail for this user."""
+    return [sys.executable, "-c", UNPRIVILEGED] if os.geteuid() == 0 else []
+
+
+def _can_refuse(directory: Path) -> bool:
+    """Whether a process started like the job is refused a write into ``directory``."""
+    probe = f"open({str(directory / 'probe')!r}, 'w')"
+    launched = [*_unprivileged(), sys.executable, "-c", probe]
+    return subprocess.run(launched, capture_output=True, timeout=60).returncode != 0
+
+
+@pytest.mark.timeout(300)
+def test_read_only_output_is_refused_before_any_compute(job_dir: Path) -> None:
+    out = job_dir / "out"
+    out.mkdir(mode=0o555)
+    out.chmod(0o555)
+    if not _can_refuse(out):
+        pytest.skip("cannot drop the privilege to write anywhere (CAP_DAC_OVERRIDE) here")
+    command = [*_unprivileged(), *CHUTE]
+    failed = _chute(job_dir, command)
+    said = failed.stdout + failed.stderr
+    assert failed.returncode == ConfigError.exit_code, said
+    assert "Traceback" not in said
+    assert f"permission denied writing {out}: make the output writable" in said
+    assert list(out.iterdir()) == []  # nothing was written, no claim either
+    out.chmod(0o755)
+    done = _chute(job_dir, command)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _exactly_once(out)
+
+
+def test_check_writable_names_the_nearest_existing_directory(tmp_path: Path) -> None:
+    check_writable(str(tmp_path / "not" / "yet"))  # made later, under a writable one
+    if os.geteuid() == 0:
+        return  # root writes anywhere: the subprocess test above drops that privilege
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=stat.S_IRUSR | stat.S_IXUSR)
+    with pytest.raises(ConfigError, match=f"permission denied writing {locked}:"):
+        check_writable(str(locked / "out"))
+
+
+class Refusing(pafs.FSSpecHandler):
+    """An in-memory filesystem whose every write fails with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(fsspec.filesystem("memory"))
+        self.code = code
+
+    def _refuse(self, *_: Any) -> Any:
+        raise OSError(self.code, os.strerror(self.code))
+
+    open_output_stream = open_append_stream = create_dir = _refuse
+
+
+WRITES: list[Callable[[pafs.FileSystem, str], None]] = [
+    lambda fs, path: put(fs, path, b"data"),
+    lambda fs, path: append(fs, path, b"line\n"),
+    make_dir,
+]
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "words"),
+    [
+        pytest.param(errno.ENOSPC, ResourceError, "no space left on device", id="ENOSPC"),
+        pytest.param(errno.EDQUOT, ResourceError, "disk quota exceeded", id="EDQUOT"),
+        pytest.param(errno.EFBIG, ResourceError, "file too large", id="EFBIG"),
+        pytest.param(errno.EACCES, ConfigError, "permission denied", id="EACCES"),
+        pytest.param(errno.EPERM, ConfigError, "operation not permitted", id="EPERM"),
+        pytest.param(errno.EROFS, ConfigError, "read-only file system", id="EROFS"),
+    ],
+)
+@pytest.mark.parametrize("write", WRITES, ids=["put", "append", "make_dir"])
+def test_write_errors_are_translated_by_errno(
+    code: int, kind: type[ChuteError], words: str, write: Callable[[pafs.FileSystem, str], None]
+) -> None:
+    fs = pafs.PyFileSystem(Refusing(code))
+    with pytest.raises(kind, match=f"^{words} writing /out/part-1: ") as info:
+        write(fs, "/out/part-1")
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == code
+
+
+def test_other_os_errors_stay_as_they_are() -> None:
+    fs = pafs.PyFileSystem(Refusing(errno.EIO))
+    with pytest.raises(OSError) as info:
+        put(fs, "/out/part-1", b"data")
+    assert not isinstance(info.value, ChuteError) and info.value.errno == errno.EIO
+
+
+class ArmedDouble:
+    """Doubles ``x``; while the file ``arm`` exists, first puts its own process (a Ray
+    actor, which also writes the parts) under a file size limit."""
+
+    def __init__(self, arm: str) -> None:
+        self.arm = arm
+
+    def __call__(self, batch: pa.Table) -> np.ndarray:
+        if os.path.exists(self.arm):
+            libc = ctypes.CDLL(None)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal(25, ctypes.c_void_p(1))  # SIGXFSZ ignored, from any thread
+            resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.RLIM_INFINITY))
+        return np.asarray(batch["x"]) * 2
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_write_error_on_a_ray_worker_arrives_as_the_chute_error(
+    job_dir: Path, ray_session: Any
+) -> None:
+    arm = job_dir / "arm"
+    arm.touch()
+
+    def job() -> chute.Job:
+        model = chute.Model("m", ArmedDouble, inputs=("x",), kwargs={"arm": str(arm)})
+        return chute.Job(
+            source=chute.FileSource(str(job_dir / "in")),
+            models=(model,),
+            carryover=("id",),
+            output=chute.Sink(str(job_dir / "out")),
+            engine="ray",
+        )
+
+    with pytest.raises(ResourceError) as info:
+        job().run()
+    assert str(info.value).startswith("file too large writing")
+    assert f"writing {job_dir / 'out'}/part-" in str(info.value)
+    arm.unlink()
+    job().run()
+    _exactly_once(job_dir / "out")
