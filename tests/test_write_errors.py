@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 import chute
 from chute.errors import ChuteError, ConfigError, ResourceError
@@ -247,3 +248,35 @@ def test_a_write_error_on_a_ray_worker_arrives_as_the_chute_error(
     arm.unlink()
     job().run()
     _exactly_once(job_dir / "out")
+
+
+class FullFileSystem(MemoryFileSystem):  # type: ignore[misc]
+    """An in-memory store that is full for part files and reports (claims, ``job.json``
+    and the ledger still fit): the run fails, and so does its partial report."""
+
+    protocol = "chute-full-disk"
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "w" in mode and ("part-" in path or "report" in path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_while_stopping_is_one_line_not_a_traceback(
+    job_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fsspec.register_implementation(FullFileSystem.protocol, FullFileSystem, clobber=True)
+    model = chute.Model("m", lambda b: np.asarray(b["x"]) * 2, inputs=("x",))
+    where = f"{FullFileSystem.protocol}://{job_dir.name}/out"
+    job = chute.Job(
+        source=chute.FileSource(str(job_dir / "in")),
+        models=(model,),
+        output=chute.Sink(where),
+        engine="local",
+    )
+    with pytest.raises(ResourceError, match=f"^no space left on device writing {where}/part-"):
+        job.run()
+    warned = [r for r in caplog.records if r.name == "chute" and r.levelname == "WARNING"]
+    assert any("could not write the partial report: no space left" in r.message for r in warned)
+    assert all(r.exc_info is None for r in warned)

@@ -321,14 +321,23 @@ def _save_partial(ledger: Ledger | None, run: _Run, committer: Committer) -> Non
         return
     try:
         committer.flush()  # the parts of these units are in place: keep them
-    except Exception:
-        log.warning("could not write the last ledger batch", exc_info=True)
+    except Exception as exc:
+        _warn("could not write the last ledger batch", exc)
     report = _report(run, committer, {})
     report.complete = False
     try:
         ledger.save_report(report.to_dict(), html=bool(run.plan.evaluation))
-    except Exception:
-        log.warning("could not write the partial report", exc_info=True)
+    except Exception as exc:
+        _warn("could not write the partial report", exc)
+
+
+def _warn(what: str, exc: Exception) -> None:
+    """A failure met while stopping: a chute error (a full disk) in one line, anything
+    else with its traceback."""
+    if isinstance(exc, ChuteError):
+        log.warning("%s: %s", what, exc)
+    else:
+        log.warning(what, exc_info=exc)
 
 
 def _thin(points: list[tuple[float, int]], most: int = 200) -> list[tuple[float, int]]:
