@@ -227,7 +227,10 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
         raise DataError("the input has no units to read: the dataset is empty.")
     readable = [u for u in units if not u.error]
     if len(readable) < len(units) and job.on_bad_input == "fail":
-        raise DataError(next(u.error for u in units if u.error))
+        raise DataError(
+            f"{next(u.error for u in units if u.error)} Replace or remove the file, or set "
+            "on_bad_input: skip to leave such files out."
+        )
     if all(u.rows == 0 for u in readable):
         raise DataError("the input dataset has no rows: nothing to predict.")
     if limit is not None:

@@ -150,7 +150,7 @@ class PartWriter:
         marker = errors.column(ERROR_MODEL)[0].as_py() if errors is not None else None
         if errors is not None and marker == SKIPPED:
             reason = str(errors.column(ERROR_MESSAGE)[0].as_py())  # an unreadable unit
-            return PartRecord(unit, start, end, total, "", 0, 0.0, skipped=reason)
+            return PartRecord(unit, 0, 0, 0, "", 0, 0.0, skipped=reason)  # no rows in it
         if marker == EMPTY:  # a unit without rows: done, with nothing to write
             return PartRecord(unit, 0, 0, 0, "", 0, 0.0)
         failed = _failed_mask(errors)

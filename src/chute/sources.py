@@ -51,7 +51,6 @@ READ_BATCH_ROWS = 65_536
 """Rows per batch handed downstream by a reader; units are read whole, then sliced."""
 MEMORY_UNIT_ROWS = 262_144
 """Rows per unit for in-memory data."""
-_FIX = " Replace or remove the file, or set on_bad_input: skip to leave such files out."
 
 
 class UnreadableRows(DataError):
@@ -274,7 +273,7 @@ class FileSource:
             table = retrying(lambda: self._read_file(path, None), f"reading {path}")
             return table.schema, table.num_rows
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read the schema of {path!r}: {exc}{_FIX}") from exc
+            raise DataError(f"cannot read the schema of {path!r}: {exc}") from exc
 
     def plan(self) -> list[Unit]:
         files = self.files()
@@ -302,7 +301,7 @@ class FileSource:
                 lambda: parquet_metadata(self.filesystem, path, size), f"reading {path}"
             )
         except (pa.ArrowException, OSError) as exc:
-            return DataError(f"cannot read the Parquet footer of {path!r}: {exc}{_FIX}")
+            return DataError(f"cannot read the Parquet footer of {path!r}: {exc}")
 
     def _parquet_units(self, path: str, meta: pq.FileMetaData, start: int) -> list[Unit]:
         units: list[Unit] = []
