@@ -62,6 +62,22 @@ def test_every_row_comes_out_once_in_unit_order(rows: int) -> None:
         assert positions[units == unit].tolist() == list(range(size))  # once each, in order
 
 
-def test_a_tail_waits_for_others_only_until_the_input_ends() -> None:
+def test_tails_ready_at_the_same_moment_are_joined() -> None:
     batches = _batches(_slices(0, 30, 30) + _slices(1, 20, 20), 100)
-    assert [b.num_rows for b in batches] == [50]  # both tails, once nothing more comes
+    assert [b.num_rows for b in batches] == [50]  # both tails, already waiting: one batch
+
+
+@pytest.mark.timeout(10)
+def test_a_finished_tail_never_waits_for_rows_that_have_not_arrived() -> None:
+    """The input is still open and nothing more is coming yet: the tails go on at once
+    (a kill now must not redo a unit whose rows were all read)."""
+    channel = Channel(4, 1, threading.Event())
+    rebatcher = Rebatcher(channel, 100)
+    for table in _slices(0, 250, 250):
+        channel.put(table)
+    assert [rebatcher.take().num_rows for _ in range(3)] == [100, 100, 50]  # type: ignore[union-attr]
+    channel.put(_slices(1, 30, 30)[0])
+    tail = rebatcher.take()
+    assert tail is not None and _units(tail) == [1] and tail.num_rows == 30
+    channel.close()
+    assert rebatcher.take() is None

@@ -66,6 +66,15 @@ class Channel:
             self._cond.notify_all()
             return item
 
+    def poll(self) -> pa.Table | None:
+        """The next item if one is waiting now, else ``None`` at once."""
+        with self._cond:
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
     def close(self) -> None:
         """One producer is finished."""
         with self._cond:
@@ -83,9 +92,10 @@ class Rebatcher:
 
     Readers work on several units at once, so their slices arrive interleaved. Batches are
     cut from each unit's own buffer, because a batch that mixed units would be written as
-    one part per unit: many small files. Only the tails of finished units are put
-    together, once they fill a batch (or the input ends), so every unit's buffer stays
-    below a batch and a batch is short only at the very end.
+    one part per unit: many small files. A finished unit's tail goes on at once, joined
+    only with the tails that are ready at the same moment (in the buffers, or waiting in
+    the channel), never held for rows that have not arrived: a unit commits as soon as
+    its last rows are through, whatever the batch size.
     """
 
     def __init__(self, source: Channel, rows: int) -> None:
@@ -100,22 +110,39 @@ class Rebatcher:
         with self._lock:
             while True:
                 batch = self._full()
-                if batch is None:
+                if batch is None and self._ready():
+                    self._add_waiting()
                     batch = self._tails()
                 if batch is not None or self._drained:
                     return batch
-                item = self._source.get()
-                if item is None:
-                    self._drained = True
-                elif item.num_rows:
-                    self._add(item)
+                self._add(self._source.get())
 
-    def _add(self, table: pa.Table) -> None:
+    def _add(self, table: pa.Table | None) -> None:
+        if table is None:
+            self._drained = True
+            return
+        if not table.num_rows:
+            return
         keys = table.column(KEY)
         unit = _unit_of(keys[0].as_py())
         self._units.setdefault(unit, []).append(table)
         if keys[-1].as_py() < 0:  # the unit's last row: nothing more of it will come
             self._finished.add(unit)
+
+    def _add_waiting(self) -> None:
+        """Take what the channel already holds, until the ready tails fill a batch."""
+        while self._rows_of(self._ready()) < self._rows:
+            table = self._source.poll()
+            if table is None:
+                return
+            self._add(table)
+
+    def _ready(self) -> list[int]:
+        """Units whose buffered rows may go on now: finished ones (all, once drained)."""
+        return [u for u in self._units if self._drained or u in self._finished]
+
+    def _rows_of(self, units: list[int]) -> int:
+        return sum(t.num_rows for u in units for t in self._units[u])
 
     def _full(self) -> pa.Table | None:
         for unit, tables in self._units.items():
@@ -124,18 +151,15 @@ class Rebatcher:
         return None
 
     def _tails(self) -> pa.Table | None:
-        ready = [u for u in self._units if self._drained or u in self._finished]
-        left = sum(t.num_rows for u in ready for t in self._units[u])
-        if not left or (left < self._rows and not self._drained):
-            return None
+        """The ready tails joined, up to a batch; ``None`` when there are none."""
         pieces: list[pa.Table] = []
         wanted = self._rows
-        for unit in ready:
+        for unit in self._ready():
             if wanted == 0:
                 break
             pieces.append(self._take(unit, wanted))
             wanted -= pieces[-1].num_rows
-        return _concat(pieces)
+        return _concat(pieces) if pieces else None
 
     def _take(self, unit: int, rows: int) -> pa.Table:
         """The first ``rows`` rows (or fewer, if that is all) of ``unit``'s buffer."""
@@ -145,6 +169,7 @@ class Rebatcher:
             self._units[unit] = [rest]
         else:
             del self._units[unit]
+            self._finished.discard(unit)
         return table.slice(0, rows)
 
 

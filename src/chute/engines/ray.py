@@ -265,7 +265,13 @@ class _PrepareTask:
 
 
 class _ModelActor:
-    """One replica of a model stage in a Ray actor; the last stage also writes."""
+    """One replica of a model stage in a Ray actor; the last stage also writes.
+
+    It gets whole blocks and cuts them into batches of ``rows`` itself: asked for batches,
+    Ray Data would bundle blocks until they hold a batch, so that a unit's last block
+    waited for blocks of other units, and the unit for its commit (see
+    :meth:`RayEngine._model_stage`).
+    """
 
     def __init__(
         self,
@@ -274,6 +280,7 @@ class _ModelActor:
         target: Any,
         ctor: Any,
         output: Output | None,
+        rows: int,
     ) -> None:
         import ray
 
@@ -284,8 +291,14 @@ class _ModelActor:
             ctor=ray.get(ctor) if ctor is not None else None,
         )
         self.writer = PartWriter(output) if output is not None else None
+        self.rows = rows
 
-    def __call__(self, table: pa.Table) -> pa.Table:
+    def __call__(self, block: pa.Table) -> pa.Table:
+        starts = range(0, max(block.num_rows, 1), self.rows)
+        outs = [self._batch(block.slice(start, self.rows)) for start in starts]
+        return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="permissive")
+
+    def _batch(self, table: pa.Table) -> pa.Table:
         out = self.stage(table)
         clock, name = self.stage.clock, self.stage.name
         busy, clock.busy = clock.busy, 0.0
@@ -337,8 +350,11 @@ class RayEngine:
         them into ``totals``; translate a failed task to a chute error."""
         import ray
 
+        # No prefetching: Ray Data would hand over each record block only once the next one
+        # has arrived, so the last unit done would wait for another before its commit.
+        batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
         try:
-            for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for batch in batches:
                 for text in batch.column(carried.STAGES).to_pylist():
                     carried.add(totals, carried.decode(text))
                 commit(records_from_table(batch.drop_columns([carried.STAGES])))
@@ -406,7 +422,12 @@ class RayEngine:
             remote_args["num_gpus"] = res.gpus
         if res.memory:
             remote_args["memory"] = res.memory
-        return dataset.map_batches(
+        # Whole blocks, cut into batches by the actor: given a batch size, Ray Data holds a
+        # unit's last block until blocks of other units fill a batch (a unit then commits
+        # only when others arrive, or the input ends). The public map_batches refuses no
+        # batch size with GPUs; map_batches_internal, where Ray has it, skips that check.
+        map_batches = getattr(dataset, "map_batches_internal", dataset.map_batches)
+        return map_batches(
             _ModelActor,
             fn_constructor_kwargs={
                 "model": stub,
@@ -414,8 +435,9 @@ class RayEngine:
                 "target": target,
                 "ctor": ctor,
                 "output": output,
+                "rows": stage.batch_rows,
             },
-            batch_size=stage.batch_rows,
+            batch_size=None,
             batch_format="pyarrow",
             zero_copy_batch=True,
             compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
