@@ -14,6 +14,7 @@ against the directory of the job file, so a job runs the same from any working d
         batch_size: 16384          # rows, or a size such as "8MiB"
         resources: {cpus: 1, gpus: 0, memory: 2GiB}
         pool: {min: 1, max: 4}     # or an int: a fixed size
+        timeout: 5m                # per batch; none by default
     output: {path: out/, format: parquet}
 """
 
@@ -35,6 +36,7 @@ from chute.job import (
     Resources,
     Sink,
     parse_bytes,
+    parse_seconds,
 )
 from chute.sources import file_source
 from chute.stages import add_code_dir
@@ -72,6 +74,9 @@ class ModelConfig(_Strict):
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     on_error: Literal["fail", "quarantine"] = "fail"
+    timeout: Any = None
+    """Seconds per batch (``30``, ``"30s"``, ``"5m"``); none by default. Parsed by
+    :func:`~chute.job.parse_seconds`, whose error names the key."""
 
 
 class PreprocessConfig(_Strict):
@@ -283,7 +288,17 @@ def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Mo
         args=tuple(config.args),
         kwargs=dict(config.kwargs),
         on_error=config.on_error,
+        timeout=_timeout(config.timeout),
     )
+
+
+def _timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_seconds(value)
+    except ConfigError as exc:
+        raise ConfigError(f"timeout: {exc}") from exc
 
 
 def _model_fn(config: ModelConfig, base: str, trust_pickle: bool) -> Any:

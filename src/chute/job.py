@@ -12,6 +12,7 @@ import marshal
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from math import inf
 from typing import TYPE_CHECKING, Any, Literal
 
 from chute.errors import ConfigError
@@ -185,8 +186,15 @@ class Model:
     on_error: OnError = "fail"
     """``fail`` stops the job on the first row the model raises on, and shows it;
     ``quarantine`` isolates such rows (bisecting the batch) into the errors dataset."""
+    timeout: float | None = None
+    """Seconds a replica may take over one batch; ``None`` (the default) waits forever.
+    A replica that does not answer in time is replaced by a freshly loaded one and the
+    batch retried (twice); then ``on_error`` applies: ``fail`` stops the job naming the
+    unit, ``quarantine`` bisects the batch to the rows it hangs on. Not in the job's
+    fingerprint: it cannot change a prediction."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "timeout", _check_timeout(self.name, self.timeout))
         if self.on_error not in ON_ERROR:
             raise ConfigError(
                 f"model {self.name!r}: on_error {self.on_error!r} is not one of "
@@ -206,6 +214,36 @@ class Model:
             object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "batch_size", BatchSize.parse(self.batch_size))
         object.__setattr__(self, "args", tuple(self.args))
+
+
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_SECOND_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_seconds(value: object) -> float:
+    """Parse ``30``, ``"30s"``, ``"5m"``, ``"1h"`` or ``"500ms"`` into seconds.
+
+    >>> parse_seconds("5m")
+    300.0
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    match = _SECONDS.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ConfigError(f"cannot read {value!r} as seconds: write it like 30, '30s' or '5m'.")
+    return float(match.group(1)) * _SECOND_UNITS[(match.group(2) or "s").lower()]
+
+
+def _check_timeout(model: str, timeout: object) -> float | None:
+    """A model's timeout as seconds (a number > 0), or ``None``."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < inf:
+        raise ConfigError(
+            f"model {model!r}: timeout must be a number of seconds > 0, or None for no "
+            f"timeout; got {timeout!r}."
+        )
+    return float(timeout)
 
 
 @dataclass(frozen=True)

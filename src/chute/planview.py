@@ -70,6 +70,7 @@ def render_plan(job: Job) -> RenderableType:
     for col in ("model", "runs", "inputs", "batch rows", "format", "cpus", "gpus", "memory"):
         stages.add_column(col, overflow="fold")
     stages.add_column("pool")
+    stages.add_column("timeout")
     notes = []
     for stage, res in zip(plan.stages, resources, strict=True):
         stages.add_row(
@@ -82,6 +83,7 @@ def render_plan(job: Job) -> RenderableType:
             f"{res.gpus:g}",
             f"{res.memory / 2**30:.1f} GiB" if res.memory else "-",
             f"{res.min}" if res.min == res.max else f"{res.min}–{res.max}",
+            f"{stage.model.timeout:g} s" if stage.model.timeout else "none",
         )
         if res.note:
             notes.append(Text(f"{stage.model.name}: {res.note}"))

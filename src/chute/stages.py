@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from chute.deadline import BatchTimeout, Caller
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import BatchFormat, Model, Preprocess
 from chute.models import AdapterSpec, ReplicaContext
@@ -199,8 +201,20 @@ class StageClock:
         self.batches += 1
 
 
+TIMEOUT_RETRIES = 2
+"""Fresh replicas a batch gets after its model timed out, before ``on_error`` applies."""
+
+
 class ModelStage:
-    """One replica of a model: loads it once, then appends its outputs to each batch."""
+    """One replica of a model: loads it once, then appends its outputs to each batch.
+
+    With a ``timeout``, each call of the model runs on a thread of its own
+    (:class:`chute.deadline.Caller`) and the replica stops waiting when the time is up: it
+    abandons that thread, loads the model afresh and tries the batch again, at most
+    :data:`TIMEOUT_RETRIES` times. Then a batch that still hangs is a failure:
+    ``fail`` stops the job naming the unit; ``quarantine`` bisects it like a batch that
+    raises, one timeout per halving, so only the rows the model hangs on are lost.
+    """
 
     def __init__(
         self,
@@ -223,7 +237,20 @@ class ModelStage:
         args, kwargs = ctor if ctor is not None else (model.args, dict(model.kwargs))
         self._prepared: str | None = None
         """Prefix of the columns an adapter's preparer made for this model."""
-        self._fn = self._load(model, target, args, kwargs)
+        self.timeout = model.timeout
+        self._reload: Callable[[], Callable[[Any], Any]] = partial(
+            self._load, model, target, args, kwargs
+        )
+        self._fn = self._reload()
+        self._caller = self._new_caller()
+
+    def _new_caller(self) -> Caller | None:
+        return None if self.timeout is None else Caller(f"chute-{self.name}-call")
+
+    def close(self) -> None:
+        """Let the thread that calls the model (with a timeout) end."""
+        if self._caller is not None:
+            self._caller.close()
 
     def _load(
         self, model: Model, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -281,8 +308,24 @@ class ModelStage:
         return table
 
     def _predict(self, view: pa.Table) -> dict[str, pa.Array]:
-        out = self._fn(to_format(self._model_view(view), self.batch_format))
+        out = self._call(to_format(self._model_view(view), self.batch_format))
         return to_columns(out, self.name, view.num_rows, f"model {self.name!r}")
+
+    def _call(self, batch: Any) -> Any:
+        """The model's outputs for ``batch``; past the timeout, :class:`BatchTimeout` and a
+        freshly loaded replica for the next call."""
+        if self._caller is None or self.timeout is None:
+            return self._fn(batch)
+        try:
+            return self._caller.call(self._fn, batch, self.timeout)
+        except BatchTimeout:
+            self._caller.close()  # its thread ends if the hung call ever returns
+            self._fn = self._reload()
+            self._caller = self._new_caller()
+            raise BatchTimeout(
+                f"model {self.name!r} timed out after {self.timeout:g} s (no answer; the "
+                "replica was replaced)"
+            ) from None
 
     def _model_view(self, view: pa.Table) -> pa.Table:
         """The model's input columns, and what its adapter's preparer made for it."""
@@ -309,6 +352,7 @@ class ModelStage:
         pieces: list[tuple[int, int, dict[str, pa.Array]]] = []
         failures: list[tuple[int, Exception]] = []
         pending = self._chunks(0, view.num_rows)
+        retries = TIMEOUT_RETRIES
         while pending:
             lo, hi = pending.pop()
             if hi - lo > (self.clock.batch_rows or hi - lo):  # queued before a later split
@@ -321,6 +365,11 @@ class ModelStage:
                     pending += self._split_for_memory(view, lo, hi, exc)
                 elif isinstance(exc, ModelError):
                     raise
+                elif isinstance(exc, BatchTimeout) and retries:
+                    retries -= 1
+                    pending.append((lo, hi))  # the same rows again, on the fresh replica
+                elif isinstance(exc, BatchTimeout) and self.on_error == "fail":
+                    raise self._timed_out(view, lo, hi) from exc
                 elif hi - lo > 1:
                     mid = (lo + hi) // 2
                     pending += [(mid, hi), (lo, mid)]  # the lower half is tried first
@@ -354,6 +403,19 @@ class ModelStage:
             f"model {self.name!r} ran out of memory ({type(exc).__name__}: {exc}) on a single "
             f"row: row {position} of unit {unit}; the row: {text}. Make the inputs smaller, "
             "give the model more memory, or run fewer replicas per GPU.",
+            unit=unit,
+            row=position,
+        )
+
+    def _timed_out(self, view: pa.Table, lo: int, hi: int) -> ModelError:
+        unit, position, _ = self._row(view, lo)
+        units = sorted({int(u) for u in decode(view.column(KEY).to_numpy()[lo:hi])[0]})
+        return ModelError(
+            f"model {self.name!r} timed out after {self.timeout:g} s, {TIMEOUT_RETRIES + 1} "
+            f"times (a freshly loaded replica each time), on a batch of {hi - lo} row(s) of "
+            f"unit(s) {', '.join(map(str, units))} from row {position} of unit {unit}. Make "
+            "the model answer sooner, raise its timeout, or set on_error: quarantine to write "
+            "the rows it hangs on to the errors dataset and go on.",
             unit=unit,
             row=position,
         )

@@ -299,15 +299,21 @@ class _Run:
     ) -> None:
         try:
             model = ModelStage(stage.model, stage.inputs, gpu=gpu())
-            while (batch := batches.take()) is not None:
-                began = time.perf_counter()
-                result = model(batch)
-                self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
-                with self._stats_lock:
-                    self.stats[stage.model.name].add_splits(*model.clock.take_splits())
-                out.put(result)
+            try:
+                self._serve(stage, model, batches, out)
+            finally:
+                model.close()
         finally:
             out.close()
+
+    def _serve(self, stage: StagePlan, model: ModelStage, batches: Rebatcher, out: Channel) -> None:
+        while (batch := batches.take()) is not None:
+            began = time.perf_counter()
+            result = model(batch)
+            self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
+            with self._stats_lock:
+                self.stats[stage.model.name].add_splits(*model.clock.take_splits())
+            out.put(result)
 
     def _map(
         self, fn: Callable[[pa.Table], pa.Table], name: str, source: Channel, out: Channel
