@@ -374,7 +374,7 @@ def test_image_classification_from_an_image_folder(vit: str, tmp_path: Path) -> 
     """The image source's decoded ``(H, W, C)`` tensors feed the classifier."""
     from PIL import Image
 
-    from chute.images import ImageSource
+    from chute.sources.images import ImageSource
 
     pictures = images()[:5]  # the random ones: all 40 x 48
     folder = tmp_path / "images"

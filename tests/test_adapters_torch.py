@@ -313,7 +313,7 @@ def test_image_files_feed_a_torch_classifier(tmp_path: Path, engine: str) -> Non
     """Images decoded in the CPU read stage, ``(H, W, C)`` uint8, to a conv net."""
     from PIL import Image
 
-    from chute.images import ImageSource
+    from chute.sources.images import ImageSource
 
     rng = np.random.default_rng(4)
     folder = tmp_path / "images"

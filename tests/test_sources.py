@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import chute
-import chute.sources
+import chute.sources.files
 from chute import DataError, FileSource, TableSource
 from chute.sources import as_source, check_columns, iter_slices
 
@@ -121,7 +121,7 @@ def test_source_survives_pickling(tmp_path: Path) -> None:
 def test_parquet_split_by_row_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _parquet(tmp_path / "big.parquet", 50, row_group_size=10)
     assert pq.read_metadata(path).num_row_groups == 5
-    monkeypatch.setattr(chute.sources, "UNIT_TARGET_ROWS", 20)
+    monkeypatch.setattr(chute.sources.files, "UNIT_TARGET_ROWS", 20)
     units = FileSource(str(path)).plan()
     assert [u.row_groups for u in units] == [(0, 1), (2, 3), (4,)]
     assert [u.rows for u in units] == [20, 20, 10]
@@ -137,7 +137,7 @@ def test_parquet_units_are_indexed_across_files(
 ) -> None:
     _parquet(tmp_path / "a.parquet", 30, row_group_size=10)
     _parquet(tmp_path / "b.parquet", 5, 100)
-    monkeypatch.setattr(chute.sources, "UNIT_TARGET_ROWS", 15)
+    monkeypatch.setattr(chute.sources.files, "UNIT_TARGET_ROWS", 15)
     units = FileSource(str(tmp_path)).plan()
     assert [u.index for u in units] == [0, 1, 2]
     assert [u.rows for u in units] == [20, 10, 5]

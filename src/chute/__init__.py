@@ -15,7 +15,7 @@ from chute.errors import (
     ModelError,
     ResourceError,
 )
-from chute.images import ImageSource
+from chute.sources.images import ImageSource
 from chute.job import BatchSize, Job, Model, Pool, Preprocess, Resources, Sink
 from chute.models import adapter
 from chute.report import Report

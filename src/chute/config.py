@@ -90,7 +90,7 @@ class InputConfig(_Strict):
     path: str | list[str]
     format: Literal["parquet", "csv", "jsonl", "images"] | None = None
     size: list[int] | None = None
-    """Images only: ``[height, width]`` to resize every image to (see :mod:`chute.images`)."""
+    """Images only: ``[height, width]`` to resize every image to (see :mod:`chute.sources.images`)."""
     mode: Literal["RGB", "L"] | None = None
     """Images only: ``RGB`` or ``L`` (grayscale)."""
 

@@ -40,7 +40,8 @@ import pyarrow as pa
 
 from chute.errors import ChuteError, ConfigError, DataError
 from chute.retry import retrying
-from chute.sources import FORMATS, FileSource, Unit, UnreadableRows
+from chute.sources.base import FORMATS, Unit, UnreadableRows
+from chute.sources.files import FileSource
 
 if TYPE_CHECKING:
     from chute.storage import StorageOptions

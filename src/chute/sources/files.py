@@ -1,20 +1,18 @@
-"""Sources: where rows come from, split into units that can be read independently.
+"""Files as a source: Parquet, CSV and JSON Lines, local or on object stores.
 
-A unit is a file, a range of Parquet row groups, or a slice of in-memory data. It has a
-stable id (the ledger records committed units by id) and, where the format allows, a
-row count known from metadata alone. Planning never reads data rows.
+One listing finds the files (a file, a folder, a glob or a list); Parquet footers, read in
+parallel, give row counts and split big files into units of whole row groups. Nothing
+here reads data rows until an engine asks for a unit.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -22,8 +20,13 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import ChuteError, ConfigError, DataError, missing_columns_error
+from chute.errors import ChuteError, DataError
 from chute.retry import retrying
+from chute.sources.base import (
+    FORMATS,
+    UNIT_TARGET_ROWS,
+    Unit,
+)
 from chute.storage import (
     StorageOptions,
     check,
@@ -36,90 +39,6 @@ from chute.storage import (
     resolve,
     storage_error,
 )
-
-FORMATS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".csv": "csv",
-    ".jsonl": "jsonl",
-    ".json": "jsonl",
-    ".ndjson": "jsonl",
-}
-UNIT_TARGET_ROWS = 1_000_000
-"""Parquet files larger than this are split into units of whole row groups."""
-READ_BATCH_ROWS = 65_536
-"""Rows per batch handed downstream by a reader; units are read whole, then sliced."""
-MEMORY_UNIT_ROWS = 262_144
-"""Rows per unit for in-memory data."""
-
-
-class UnreadableRows(DataError):
-    """Some rows of a unit cannot be decoded (an image file, say); the others can.
-
-    ``table`` holds every row of the unit (placeholders where bad), ``bad`` the positions
-    and reasons: under ``on_bad_input: skip`` the reader sends the bad rows to the errors
-    dataset and the rest on.
-    """
-
-    def __init__(self, message: str, table: pa.Table, bad: Sequence[tuple[int, str]]) -> None:
-        super().__init__(message)
-        self.table = table
-        self.bad = list(bad)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Across processes (a failed Ray task) it travels as the DataError it is, without
-        the rows: only the reader that caught it needs those."""
-        return (DataError, (str(self),))
-
-
-@dataclass(frozen=True)
-class Unit:
-    """An independently readable piece of the input."""
-
-    index: int
-    """Position in the plan; rows are tagged with it on their way to the writer."""
-    id: str
-    """Stable across runs of the same job: the ledger's key."""
-    rows: int | None
-    """Row count from metadata, or ``None`` where the format cannot tell without reading."""
-    nbytes: int | None = None
-    """Uncompressed size estimate, for batch sizes given in bytes."""
-    path: str | None = None
-    row_groups: tuple[int, ...] | None = None
-    offset: int = 0
-    ref: Any = field(default=None, compare=False)
-    """A Ray object reference holding the unit's table (Ray Dataset input)."""
-    files: tuple[str, ...] = ()
-    """The files of a unit that groups several (images), so that a read task gets only its own."""
-    error: str = ""
-    """Why the unit cannot be read, where planning found out (a Parquet footer): the job
-    fails naming it, or skips it (``on_bad_input``)."""
-
-
-class Source(Protocol):
-    """What the engines need from a source. Implementations must be picklable."""
-
-    def schema(self) -> pa.Schema:
-        """Columns and types, from metadata."""
-        ...
-
-    def plan(self) -> list[Unit]:
-        """Split the input into units; metadata only."""
-        ...
-
-    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
-        """Read one unit, projected to ``columns``."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """What identifies the input, for the job fingerprint."""
-        ...
-
-
-def iter_slices(table: pa.Table, rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
-    """Zero-copy slices of at most ``rows`` rows."""
-    for start in range(0, table.num_rows, rows):
-        yield table.slice(start, rows)
 
 
 def _filesystem(path: str, storage: StorageOptions | None = None) -> tuple[pafs.FileSystem, str]:
@@ -368,156 +287,3 @@ class FileSource:
             "format": self.format,
             "files": [[f, *self._stamps.get(f, (None, None))] for f in files],
         }
-
-
-class TableSource:
-    """In-memory data held as one Arrow table, split into slices."""
-
-    def __init__(self, table: pa.Table, unit_rows: int = MEMORY_UNIT_ROWS) -> None:
-        if table.num_rows == 0:
-            raise DataError("the input data has no rows: nothing to predict.")
-        self.table = table
-        self.unit_rows = unit_rows
-        self._digest: str | None = None
-
-    def schema(self) -> pa.Schema:
-        return self.table.schema
-
-    def plan(self) -> list[Unit]:
-        return [
-            Unit(i, f"memory[{start}:{start + n}]", n, None, offset=start)
-            for i, start in enumerate(range(0, self.table.num_rows, self.unit_rows))
-            for n in [min(self.unit_rows, self.table.num_rows - start)]
-        ]
-
-    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
-        table = self.table if columns is None else self.table.select(list(columns))
-        return table.slice(unit.offset, unit.rows)
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "memory", "rows": self.table.num_rows, "content": self.digest()}
-
-    def digest(self) -> str:
-        """A hash of the table's contents (one pass over its buffers, computed once)."""
-        if self._digest is None:
-            # Columns hashed on all cores at once: hashlib lets go of the GIL for big buffers.
-            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                columns = list(pool.map(_column_digest, self.table.columns))
-            h = hashlib.sha256(str(self.table.schema).encode())
-            for digest in columns:
-                h.update(digest)
-            self._digest = h.hexdigest()[:32]
-        return self._digest
-
-
-def _column_digest(column: pa.ChunkedArray) -> bytes:
-    h = hashlib.sha256()
-    for chunk in column.chunks:
-        for buffer in chunk.buffers():
-            if buffer is not None:
-                h.update(memoryview(buffer))
-    return h.digest()
-
-
-class DatasetSource:
-    """A Ray Dataset, materialized once; each of its blocks is a unit."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-        self._refs: list[Any] | None = None
-
-    def _blocks(self) -> list[Any]:
-        if self._refs is None:
-            from chute.engines.ray import quiet_data
-
-            options = self.dataset.context.execution_options  # a Dataset keeps its own context
-            saved, options.preserve_order = options.preserve_order, True  # blocks in input order
-            try:
-                with quiet_data(verbose=False):
-                    self._refs = list(self.dataset.materialize().to_arrow_refs())
-            finally:
-                options.preserve_order = saved
-        return self._refs
-
-    def schema(self) -> pa.Schema:
-        import ray
-
-        return ray.get(self._blocks()[0]).schema
-
-    def plan(self) -> list[Unit]:
-        return [Unit(i, f"block[{i}]", None, ref=ref) for i, ref in enumerate(self._blocks())]
-
-    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
-        import ray
-
-        table: pa.Table = ray.get(unit.ref)
-        return table if columns is None else table.select(list(columns))
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "ray-dataset", "blocks": len(self._blocks())}
-
-
-def as_source(data: Any, format: str | None = None) -> Source:
-    """Turn a path, a glob, a DataFrame, an Arrow table, a dict of arrays or a Ray Dataset
-    into a source."""
-    if isinstance(data, (FileSource, TableSource, DatasetSource)):
-        return data
-    if isinstance(data, (str, os.PathLike)):
-        return file_source(os.fspath(data), format)
-    if isinstance(data, (list, tuple)) and data and all(isinstance(p, str) for p in data):
-        return file_source(list(data), format)
-    if isinstance(data, pa.Table):
-        return TableSource(data)
-    if isinstance(data, pa.RecordBatch):
-        return TableSource(pa.Table.from_batches([data]))
-    if isinstance(data, dict):
-        return TableSource(_table_from_dict(data))
-    if type(data).__module__.startswith("pandas"):
-        return TableSource(pa.Table.from_pandas(data, preserve_index=False))
-    if type(data).__module__.startswith("ray.data"):
-        return DatasetSource(data)
-    raise DataError(
-        f"cannot read input of type {type(data).__name__}: give a path, a glob, a pandas "
-        "DataFrame, a pyarrow Table, a dict of NumPy arrays or a ray.data.Dataset."
-    )
-
-
-def _table_from_dict(data: dict[str, Any]) -> pa.Table:
-    import numpy as np
-
-    columns: dict[str, pa.Array] = {}
-    for name, values in data.items():
-        arr = np.asarray(values)
-        if arr.ndim > 1:
-            flat = pa.array(arr.reshape(len(arr), -1).ravel())
-            columns[name] = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(arr.shape[1:])))
-        else:
-            columns[name] = pa.array(arr)
-    return pa.table(columns)
-
-
-def file_source(
-    paths: str | Sequence[str],
-    format: str | None = None,
-    storage: StorageOptions | None = None,
-    **options: Any,
-) -> FileSource:
-    """Files as a source; image files (``format="images"``, or named ``.jpg``/``.png``, or a
-    folder of them) become a :class:`chute.images.ImageSource` taking ``options``."""
-    from chute.images import ImageSource, looks_like_images
-
-    if format == "images" or (format is None and looks_like_images(paths)):
-        return ImageSource(paths, storage=storage, **options)
-    if any(v is not None for v in options.values()):
-        raise ConfigError(
-            f"{', '.join(options)}: options of image inputs, but the input is {format or 'not'} "
-            "images. Set format: images, or leave the options out."
-        )
-    return FileSource(paths, format, storage)
-
-
-def check_columns(schema: pa.Schema, wanted: Sequence[str], where: str) -> None:
-    """Fail before any compute if a named column does not exist."""
-    missing = [c for c in wanted if c not in schema.names]
-    if missing:
-        raise missing_columns_error(missing, schema.names, where)
