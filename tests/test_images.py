@@ -14,9 +14,9 @@ import yaml
 
 import chute
 from chute.config import job_from_dict, load_job
-from chute.sources.images import UNIT_IMAGES, ImageSource
 from chute.plan import build_plan
 from chute.sources import UnreadableRows, as_source
+from chute.sources.images import UNIT_IMAGES, ImageSource
 from chute.stages import to_format
 from tests import s3server
 

@@ -21,10 +21,10 @@ from chute.stages import (
     ModelStage,
     PreprocessStage,
     decode,
-    import_string,
     tag,
     to_columns,
 )
+from chute.usercode import import_string
 
 # -- row keys ----------------------------------------------------------------------------
 

@@ -15,11 +15,10 @@ from chute.errors import (
     ModelError,
     ResourceError,
 )
-from chute.sources.images import ImageSource
 from chute.job import BatchSize, Job, Model, Pool, Preprocess, Resources, Sink
 from chute.models import adapter
 from chute.report import Report
-from chute.sources import DatasetSource, FileSource, TableSource
+from chute.sources import DatasetSource, FileSource, ImageSource, TableSource
 
 __all__ = [
     "BatchSize",

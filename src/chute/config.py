@@ -39,8 +39,8 @@ from chute.job import (
     parse_seconds,
 )
 from chute.sources import file_source
-from chute.stages import add_code_dir
 from chute.storage import StorageOptions
+from chute.usercode import add_code_dir
 
 Format = Literal["parquet", "csv", "jsonl"]
 Fmt = Literal["pyarrow", "pandas", "numpy"]
@@ -90,7 +90,7 @@ class InputConfig(_Strict):
     path: str | list[str]
     format: Literal["parquet", "csv", "jsonl", "images"] | None = None
     size: list[int] | None = None
-    """Images only: ``[height, width]`` to resize every image to (see :mod:`chute.sources.images`)."""
+    """Images only: ``[height, width]`` to resize every image to (:mod:`chute.sources.images`)."""
     mode: Literal["RGB", "L"] | None = None
     """Images only: ``RGB`` or ``L`` (grayscale)."""
 

@@ -24,6 +24,7 @@ from chute.metrics.regression import Regression
 from chute.metrics.state import (
     State,
 )
+from chute.usercode import import_string
 
 # -- slices ------------------------------------------------------------------------------
 
@@ -208,7 +209,6 @@ def _construct(factory: Callable[..., Any], kind: str, options: dict[str, Any]) 
 
 
 def _custom(kind: str, options: dict[str, Any]) -> Metric:
-    from chute.stages import import_string  # lazy: the stages will import this module
 
     name = options.pop("name", None) or kind.rpartition(":")[2]
     columns = options.pop("columns", ())

@@ -48,6 +48,7 @@ from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import check_choice, rename
 from chute.models.pickles import trusts_pickle, untrusted_error
+from chute.usercode import import_string
 
 DTYPES = ("float32", "float16", "bfloat16")
 TASKS = ("regression", "classification", "embedding")
@@ -170,7 +171,6 @@ def load_module(options: Mapping[str, Any], model: str) -> Any:
 
 
 def _from_weights(path: str, options: Mapping[str, Any], model: str) -> Any:
-    from chute.stages import import_string
 
     cls = import_string(str(options["module"]))
     module = cls(*options.get("args", ()), **dict(options.get("kwargs", {})))
