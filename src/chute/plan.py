@@ -18,8 +18,9 @@ import pyarrow as pa
 
 from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
-from chute.job import BatchFormat, Job, Model, Sink
+from chute.job import BatchFormat, Job, Model
 from chute.models import AdapterSpec
+from chute.sinks import Output
 from chute.sources import (
     READ_BATCH_ROWS,
     DatasetSource,
@@ -28,7 +29,7 @@ from chute.sources import (
     UnreadableRows,
     check_columns,
 )
-from chute.stages import KEY, empty_marker, mark_failed, skip_marker, tag
+from chute.stages import empty_marker, mark_failed, skip_marker, tag
 
 UNREADABLE = "<input row>"
 """The error "model" of an input row that could not be decoded (on_bad_input: skip)."""
@@ -168,34 +169,6 @@ class Reader:
                     ) from exc
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
-
-
-@dataclass(frozen=True)
-class Output:
-    """Which columns are written, and where; small and picklable, shipped to writers."""
-
-    sink: Sink | None
-    carryover: tuple[str, ...]
-    models: tuple[str, ...]
-    source_columns: tuple[str, ...] = ()
-    """Input columns: one named like a model output (``tip_amount``) is not one."""
-    evaluation: Evaluation = field(default_factory=lambda: Evaluation({}))
-    """The metrics writers compute over the rows they write."""
-
-    def columns(self, available: Sequence[str]) -> list[str]:
-        """Carryover columns, then each model's outputs in model order."""
-        produced: list[str] = []
-        for name in self.models:
-            produced += [
-                c
-                for c in available
-                if (c == name or c.startswith(name + "_"))
-                and c not in self.carryover
-                and c not in self.source_columns
-                and c not in produced
-                and c != KEY
-            ]
-        return [*self.carryover, *produced]
 
 
 def choose_engine(job: Job) -> tuple[Literal["local", "ray"], str]:

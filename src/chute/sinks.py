@@ -10,7 +10,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +18,8 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from chute.plan import Output
+from chute.evaluation import Evaluation
+from chute.job import Sink
 from chute.retry import retrying
 from chute.stages import (
     EMPTY,
@@ -34,6 +35,34 @@ from chute.storage import StorageOptions, is_local, make_dir, put, resolve
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
 EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
+
+
+@dataclass(frozen=True)
+class Output:
+    """Which columns are written, and where; small and picklable, shipped to writers."""
+
+    sink: Sink | None
+    carryover: tuple[str, ...]
+    models: tuple[str, ...]
+    source_columns: tuple[str, ...] = ()
+    """Input columns: one named like a model output (``tip_amount``) is not one."""
+    evaluation: Evaluation = field(default_factory=lambda: Evaluation({}))
+    """The metrics writers compute over the rows they write."""
+
+    def columns(self, available: Sequence[str]) -> list[str]:
+        """Carryover columns, then each model's outputs in model order."""
+        produced: list[str] = []
+        for name in self.models:
+            produced += [
+                c
+                for c in available
+                if (c == name or c.startswith(name + "_"))
+                and c not in self.carryover
+                and c not in self.source_columns
+                and c not in produced
+                and c != KEY
+            ]
+        return [*self.carryover, *produced]
 
 
 @dataclass(frozen=True)
