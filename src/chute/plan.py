@@ -8,10 +8,8 @@ row width. Every column the job names is checked here, before any compute.
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +21,6 @@ from chute.models import AdapterSpec
 from chute.sinks import Output
 from chute.sources import (
     READ_BATCH_ROWS,
-    DatasetSource,
     Source,
     Unit,
     UnreadableRows,
@@ -54,8 +51,6 @@ class Plan:
     read_columns: list[str] | None
     carryover: list[str]
     stages: list[StagePlan]
-    engine: Literal["local", "ray"]
-    engine_reason: str
     pending: list[Unit] = field(default_factory=list)
     source_columns: list[str] = field(default_factory=list)
     """The input's columns: written only when carried over, never as model outputs."""
@@ -171,21 +166,6 @@ class Reader:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
 
-def choose_engine(job: Job) -> tuple[Literal["local", "ray"], str]:
-    """Which engine runs the job, and why."""
-    if job.engine == "local":
-        return "local", "the job asks for the local engine"
-    if job.engine == "ray":
-        return "ray", "the job asks for the ray engine"
-    if job.address:
-        return "ray", f"a cluster address was given ({job.address})"
-    if os.environ.get("RAY_ADDRESS"):
-        return "ray", "RAY_ADDRESS is set"
-    if isinstance(job.source, DatasetSource):
-        return "ray", "the input is a Ray Dataset"
-    return "local", "no cluster address: the embedded local engine runs in-process, no start-up"
-
-
 def build_plan(job: Job, limit: int | None = None) -> Plan:
     """Validate the job against the data's schema and split it into units."""
     if not job.models:
@@ -209,8 +189,7 @@ def build_plan(job: Job, limit: int | None = None) -> Plan:
     if limit is not None:
         units = _limit(readable, limit)
     stages = [_stage(job, m, schema, readable) for m in job.models]
-    engine, reason = choose_engine(job)
-    plan = Plan(job, units, read_columns, carry, stages, engine, reason, list(units))
+    plan = Plan(job, units, read_columns, carry, stages, list(units))
     plan.source_columns = list(schema.names)
     _ = plan.evaluation  # two metrics reported under one name fail here, before any compute
     plan.schema = (

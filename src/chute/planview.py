@@ -9,52 +9,28 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from chute.engines.resources import Cluster, StageResources, local_replicas, plan_resources
+from chute import engines
+from chute.engines import EngineOptions
 from chute.errors import JobStateError
 from chute.job import Job
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.models import AdapterSpec
-from chute.plan import Plan, build_plan
+from chute.plan import build_plan
 from chute.report import Report, memory_notes
 from chute.sinks import output_filesystem
 from chute.storage import StorageOptions, redact
 
 
-def stage_resources(plan: Plan) -> tuple[list[StageResources], str]:
-    """Resources per model stage as the chosen engine would give them, and on what basis."""
-    models = [s.model for s in plan.stages]
-    if plan.engine == "local":
-        return [
-            StageResources(
-                m.name,
-                m.resources.cpus or 1.0,
-                m.resources.gpus,
-                m.resources.memory,
-                local_replicas(m),
-                local_replicas(m),
-            )
-            for m in models
-        ], "the local engine: replicas are threads in this process"
-    if plan.job.address or os.environ.get("RAY_ADDRESS"):
-        from chute.engines.ray import cluster, init_ray
-
-        init_ray(plan.job.address, verbose=False)
-        found = cluster()
-        return plan_resources(
-            models, found
-        ), f"Ray cluster with {found.cpus:g} CPUs, {found.gpus:g} GPUs"
-    here = Cluster(cpus=float(os.cpu_count() or 1))
-    return plan_resources(models, here), f"a local Ray on this machine ({here.cpus:g} CPUs)"
-
-
 def render_plan(job: Job) -> RenderableType:
     plan = build_plan(job)
-    resources, basis = stage_resources(plan)
+    name, reason = engines.choose(job)
+    engine = engines.create(name, EngineOptions(job.address))
+    resources, basis = engine.stage_resources(plan)
     rows = plan.total_rows
     head = Table(show_header=False, title="chute plan", title_justify="left")
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("engine", f"{plan.engine} — {plan.engine_reason}")
+    head.add_row("engine", f"{name} — {reason}")
     head.add_row(
         "input",
         _source_line(job.source)

@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
+from chute import engines
+from chute.engines import Engine, EngineOptions
 from chute.errors import ChuteError, JobStateError, ModelError
 from chute.evaluation import from_text, to_text
 from chute.job import Job, fingerprint_of
@@ -212,10 +214,11 @@ def run_job(
     if limit is not None:
         job = replace(job, output=None)  # a trial run: rows come back, nothing is written
     plan = build_plan(job, limit=limit)
-    engine = _engine(plan, verbose)
+    name, reason = engines.choose(job)
+    engine = engines.create(name, EngineOptions(job.address, verbose))
     engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
     description = job.describe()  # once: it hashes in-memory data and model arguments
-    run = _Run(plan, fingerprint_of(description), started)
+    run = _Run(plan, fingerprint_of(description), started, name, reason)
     if job.output is None:
         return _execute(run, engine, None, progress, console)
     with Ledger.claim(job.output.path, job.output.storage) as lease:
@@ -230,6 +233,8 @@ class _Run:
     plan: Plan
     fingerprint: str
     started: float
+    engine: str
+    engine_reason: str
     redone: list[str] = field(default_factory=list)
     """Committed units whose files were missing or changed, so recomputed."""
 
@@ -262,7 +267,7 @@ def _open_ledger(run: _Run, description: dict[str, Any], lease: Lease, overwrite
 
 
 def _execute(
-    run: _Run, engine: Any, ledger: Ledger | None, progress: bool, console: Console | None
+    run: _Run, engine: Engine, ledger: Ledger | None, progress: bool, console: Console | None
 ) -> Report:
     """Run the pending units, commit them as they finish, and write the report."""
     plan = run.plan
@@ -356,16 +361,6 @@ def _located(exc: ModelError, plan: Plan) -> ModelError:
     return ModelError(f"{exc}\n  unit {unit.index} is {unit.id}", unit=exc.unit, row=exc.row)
 
 
-def _engine(plan: Plan, verbose: bool) -> Any:
-    if plan.engine == "ray":
-        from chute.engines.ray import RayEngine
-
-        return RayEngine(address=plan.job.address, verbose=verbose)
-    from chute.engines.local import LocalEngine
-
-    return LocalEngine()
-
-
 def _report(run: _Run, committer: Committer, stages: dict[str, StageStats]) -> Report:
     plan = run.plan
     skipped = [u for u in plan.units if u not in plan.pending]
@@ -373,8 +368,8 @@ def _report(run: _Run, committer: Committer, stages: dict[str, StageStats]) -> R
     stats["write"] = committer.write
     return Report(
         fingerprint=run.fingerprint,
-        engine=plan.engine,
-        engine_reason=plan.engine_reason,
+        engine=run.engine,
+        engine_reason=run.engine_reason,
         output=redact(plan.job.output.path) if plan.job.output else None,
         units_total=len(plan.units),
         units_done=len(committer.done),

@@ -1,1 +1,111 @@
-"""Engines move batches between stages; the stage logic lives in :mod:`chute.stages`."""
+"""Engines move batches between the stages a plan describes; the stage logic is elsewhere.
+
+An engine maps a :class:`~chute.plan.Plan` onto a mechanism — threads joined by bounded
+channels (``local``), Ray Data operators and actor pools (``ray``) — and decides nothing
+a user can see in the output: the rows, values, parts, metrics and ledger come from the
+shared stages, writer and committer. The runner talks to engines only through
+:class:`Engine` and this registry, which imports an engine's module when it is used.
+
+Adding an engine is one module with a class that has the methods of :class:`Engine` and
+a ``from_options`` constructor, and one line in :data:`ENGINES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from chute.errors import ConfigError, did_you_mean
+from chute.sources import DatasetSource
+
+if TYPE_CHECKING:
+    from chute.engines.resources import StageResources
+    from chute.job import Job
+    from chute.plan import Plan
+    from chute.report import StageStats
+    from chute.sinks import PartRecord
+
+Commit = Callable[[list["PartRecord"]], None]
+"""What an engine hands each batch of part records to (the driver's committer)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to reach the engine's machines, and how much of it to show."""
+
+    address: str | None = None
+    """A cluster to run on (``RAY_ADDRESS`` when ``None``), for engines that have one."""
+    verbose: bool = False
+    """Show the engine's own progress bars and logs."""
+
+
+class Engine(Protocol):
+    """Runs a plan's pending units and hands the part records back as they come."""
+
+    def prepare(self, plan: Plan) -> None:
+        """Fail before anything is written if the plan cannot run here (GPUs the machine
+        lacks, pools that cannot fit, an unreachable cluster)."""
+        ...
+
+    def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
+        """Run ``plan.pending``; call ``commit`` with part records as they are written;
+        return the busy time of each stage."""
+        ...
+
+    def stage_resources(self, plan: Plan) -> tuple[list[StageResources], str]:
+        """The resources each model stage would get, and on what basis (``chute plan``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Entry:
+    module: str
+    attribute: str
+    requires: str | None = None
+    """A package the engine needs, and so the extra that installs it."""
+
+
+ENGINES: dict[str, _Entry] = {
+    "local": _Entry("chute.engines.local", "LocalEngine"),
+    "ray": _Entry("chute.engines.ray", "RayEngine", requires="ray"),
+}
+"""Every engine by name; the first is the embedded default."""
+
+
+def names() -> tuple[str, ...]:
+    """The registered engines' names."""
+    return tuple(ENGINES)
+
+
+def create(name: str, options: EngineOptions | None = None) -> Engine:
+    """The engine called ``name``, its module imported now."""
+    entry = ENGINES.get(name)
+    if entry is None:
+        raise ConfigError(
+            f"engine {name!r} is not one of {', '.join(ENGINES)}.{did_you_mean(name, ENGINES)}"
+        )
+    if entry.requires and importlib.util.find_spec(entry.requires) is None:
+        raise ConfigError(
+            f"the {name} engine needs {entry.requires}, which is not installed: "
+            f"pip install 'chute[{entry.requires}]'."
+        )
+    cls = getattr(importlib.import_module(entry.module), entry.attribute)
+    engine: Engine = cls.from_options(options or EngineOptions())
+    return engine
+
+
+def choose(job: Job) -> tuple[str, str]:
+    """Which engine runs ``job``, and why (``chute plan`` and the report say it)."""
+    if job.engine != "auto":
+        return job.engine, f"the job asks for the {job.engine} engine"
+    if job.address:
+        return "ray", f"a cluster address was given ({job.address})"
+    if os.environ.get("RAY_ADDRESS"):
+        return "ray", "RAY_ADDRESS is set"
+    if isinstance(job.source, DatasetSource):
+        return "ray", "the input is a Ray Dataset"
+    return "local", "no cluster address: the embedded local engine runs in-process, no start-up"

@@ -23,7 +23,9 @@ from functools import partial
 
 import pyarrow as pa
 
-from chute.engines.resources import check_local, gpu_slots, local_replicas
+from chute.engines import EngineOptions
+from chute.engines.resources import StageResources, check_local, gpu_slots, local_replicas
+from chute.job import Model
 from chute.plan import Plan, StagePlan
 from chute.report import StageStats
 from chute.sinks import PartRecord, PartWriter
@@ -190,9 +192,19 @@ class LocalEngine:
         self.readers = readers or min(4, os.cpu_count() or 2)
         self.writers = writers
 
+    @classmethod
+    def from_options(cls, options: EngineOptions) -> LocalEngine:
+        """The engine the registry makes (the local engine has no address to reach)."""
+        return cls()
+
     def prepare(self, plan: Plan) -> None:
         """Fail before anything is written if the plan cannot run here."""
         check_local([s.model for s in plan.stages])
+
+    def stage_resources(self, plan: Plan) -> tuple[list[StageResources], str]:
+        """Each model's replicas are threads here, with the CPUs and GPUs it asks for."""
+        stages = [_local_resources(s.model) for s in plan.stages]
+        return stages, "the local engine: replicas are threads in this process"
 
     def execute(
         self, plan: Plan, commit: Callable[[list[PartRecord]], None]
@@ -365,3 +377,11 @@ def _inputs(inputs: Sequence[str] | None, plan: Plan) -> list[str]:
     if inputs is not None:
         return list(inputs)
     return list(plan.read_columns or plan.source.schema().names)
+
+
+def _local_resources(model: Model) -> StageResources:
+    replicas = local_replicas(model)
+    resources = model.resources
+    return StageResources(
+        model.name, resources.cpus or 1.0, resources.gpus, resources.memory, replicas, replicas
+    )
