@@ -22,9 +22,9 @@ import pytest
 from click.testing import CliRunner
 
 import chute
-from chute import ConfigError, JobStateError, Model, ModelError, ResourceError
+from chute import ConfigError, Job, JobStateError, Model, ModelError, ResourceError
 from chute.cli import main
-from chute.job import Job, Resources, Sink
+from chute.job import Resources, Sink
 from chute.models import ADAPTERS, ReplicaContext, adapter, register
 from chute.models.pickles import is_pickle
 from chute.sources import FileSource

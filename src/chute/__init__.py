@@ -5,7 +5,7 @@
 >>> clf = chute.Model("clf", chute.adapter("onnx", path="model.onnx"), inputs=["x", "y"])
 """
 
-from chute.api import predict, run
+from chute.api import Job, predict, run
 from chute.errors import (
     ChuteError,
     ColumnNotFoundError,
@@ -15,7 +15,7 @@ from chute.errors import (
     ModelError,
     ResourceError,
 )
-from chute.job import BatchSize, Job, Model, Pool, Preprocess, Resources, Sink
+from chute.job import BatchSize, Model, Pool, Preprocess, Resources, Sink
 from chute.models import adapter
 from chute.report import Report
 from chute.sources import DatasetSource, FileSource, ImageSource, TableSource

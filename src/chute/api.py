@@ -1,15 +1,37 @@
-"""The one-call facades over :class:`~chute.job.Job`."""
+"""The faces users touch in Python: :class:`Job` (a spec that runs) and the one-call
+:func:`predict` and :func:`run` over it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from chute.job import EngineName, Job, Model, Sink
+from chute.job import EngineName, JobSpec, Model, Sink
 from chute.report import Report
+from chute.runner import run_job
 from chute.sources import as_source
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Job(JobSpec):
+    """A batch-inference job. Build it, then ``run()`` it.
+
+    >>> job = Job(source=..., models=[Model("m", fn)], output=Sink("out/"))  # doctest: +SKIP
+    >>> report = job.run()  # doctest: +SKIP
+    """
+
+    def run(
+        self,
+        *,
+        progress: bool = False,
+        overwrite: bool = False,
+        verbose: bool = False,
+        limit: int | None = None,
+    ) -> Report:
+        """Run the job to completion (or resume it) and return its report."""
+        return run_job(self, progress=progress, overwrite=overwrite, verbose=verbose, limit=limit)
 
 
 def _models(model: Model | Sequence[Model] | Any) -> tuple[Model, ...]:

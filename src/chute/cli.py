@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from chute.api import Job
 from chute.errors import ChuteError
-from chute.job import Job, Pool
+from chute.job import Pool
 from chute.report import Report
 
 F = TypeVar("F", bound=Callable[..., Any])

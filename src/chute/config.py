@@ -26,10 +26,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from chute.api import Job
 from chute.errors import ChuteError, ConfigError, did_you_mean
 from chute.job import (
     BatchSize,
-    Job,
     Model,
     Pool,
     Preprocess,

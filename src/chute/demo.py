@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chute.job import Job, Model, Sink
+from chute.api import Job
+from chute.job import Model, Sink
 from chute.sources import FileSource
 
 TOTAL_ROWS = 1_710_629

@@ -1,7 +1,7 @@
 """The job: what to read, which models to run, what to carry and where to write.
 
 Every piece is a small frozen value validated when it is built, so a bad job fails
-before anything is read. ``Job.run()`` hands the job to an engine.
+before anything is read. ``chute.Job.run()`` hands the job to the runner.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from chute.errors import ConfigError
 
 if TYPE_CHECKING:
-    from chute.report import Report
     from chute.sources import Source
     from chute.storage import StorageOptions
 
@@ -287,11 +286,11 @@ class Sink:
 
 
 @dataclass(frozen=True)
-class Job:
-    """A batch-inference job. Build it, then ``run()`` it.
+class JobSpec:
+    """What a batch-inference job is: source, models, carryover, metrics, output.
 
-    >>> job = Job(source=..., models=[Model("m", fn)], output=Sink("out/"))  # doctest: +SKIP
-    >>> report = job.run()  # doctest: +SKIP
+    Plain data, validated when built; :class:`chute.Job` adds ``run()``. Planning and the
+    engines see only this.
     """
 
     source: Source
@@ -328,19 +327,6 @@ class Job:
         if dupes:
             raise ConfigError(f"model names must be unique; repeated: {', '.join(dupes)}.")
 
-    def run(
-        self,
-        *,
-        progress: bool = False,
-        overwrite: bool = False,
-        verbose: bool = False,
-        limit: int | None = None,
-    ) -> Report:
-        """Run the job to completion and return its report."""
-        from chute.runner import run_job
-
-        return run_job(self, progress=progress, overwrite=overwrite, verbose=verbose, limit=limit)
-
     def describe(self) -> dict[str, Any]:
         """What determines the output, as plain data (kept in the ledger)."""
         return {
@@ -359,7 +345,7 @@ class Job:
 
 
 def fingerprint_of(description: Mapping[str, Any]) -> str:
-    """The fingerprint of a job's :meth:`Job.describe` (computed once per run: describing
+    """The fingerprint of a job's :meth:`JobSpec.describe` (computed once per run: describing
     hashes in-memory data and constructor arguments)."""
     blob = json.dumps(description, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
-from chute.job import BatchFormat, Job, Model
+from chute.job import BatchFormat, JobSpec, Model
 from chute.models import AdapterSpec
 from chute.sinks import Output
 from chute.sources import (
@@ -46,7 +46,7 @@ class StagePlan:
 class Plan:
     """Everything an engine needs to run a job."""
 
-    job: Job
+    job: JobSpec
     units: list[Unit]
     read_columns: list[str] | None
     carryover: list[str]
@@ -166,7 +166,7 @@ class Reader:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
 
-def build_plan(job: Job, limit: int | None = None) -> Plan:
+def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     """Validate the job against the data's schema and split it into units."""
     if not job.models:
         raise ConfigError("the job has no models: name at least one model to run.")
@@ -209,14 +209,14 @@ def _check_adapter(model: Model) -> None:
             raise ConfigError(f"model {model.name!r}: {exc}") from exc
 
 
-def _carryover(job: Job, schema: pa.Schema) -> list[str]:
+def _carryover(job: JobSpec, schema: pa.Schema) -> list[str]:
     if job.carryover == ("*",):
         return list(schema.names)
     check_columns(schema, job.carryover, "carryover")
     return list(job.carryover)
 
 
-def _read_columns(job: Job, schema: pa.Schema, carry: list[str]) -> list[str] | None:
+def _read_columns(job: JobSpec, schema: pa.Schema, carry: list[str]) -> list[str] | None:
     wanted: set[str] = set(carry) | (_metric_columns(job, schema) & set(schema.names))
     pre = job.preprocess
     if pre is not None:
@@ -238,7 +238,7 @@ def _read_columns(job: Job, schema: pa.Schema, carry: list[str]) -> list[str] | 
     return [c for c in schema.names if c in wanted]
 
 
-def _metric_columns(job: Job, schema: pa.Schema) -> set[str]:
+def _metric_columns(job: JobSpec, schema: pa.Schema) -> set[str]:
     """The columns the job's metrics read; each must come from the input or a model."""
     models = [m.name for m in job.models]
     columns = {c for metric in job.metrics for c in metric.columns()}
@@ -264,7 +264,7 @@ def _made_by(column: str, models: Sequence[str]) -> bool:
     return any(column == m or column.startswith(m + "_") for m in models)
 
 
-def _stage(job: Job, model: Model, schema: pa.Schema, units: list[Unit]) -> StagePlan:
+def _stage(job: JobSpec, model: Model, schema: pa.Schema, units: list[Unit]) -> StagePlan:
     inputs = model.inputs if model.inputs is not None else tuple(schema.names)
     rows = model.batch_size.rows
     if rows is None:
@@ -272,7 +272,7 @@ def _stage(job: Job, model: Model, schema: pa.Schema, units: list[Unit]) -> Stag
     return StagePlan(model, tuple(inputs), rows, model.batch_format)
 
 
-def _row_bytes(job: Job, inputs: Sequence[str], schema: pa.Schema, units: list[Unit]) -> float:
+def _row_bytes(job: JobSpec, inputs: Sequence[str], schema: pa.Schema, units: list[Unit]) -> float:
     known = [c for c in inputs if c in schema.names]
     fixed = [schema.field(c).type for c in known]
     if all(pa.types.is_primitive(t) for t in fixed):

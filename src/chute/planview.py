@@ -9,10 +9,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from chute import engines
+import chute.engines as engines
 from chute.engines import EngineOptions
 from chute.errors import JobStateError
-from chute.job import Job
+from chute.job import JobSpec
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.models import AdapterSpec
 from chute.plan import build_plan
@@ -21,7 +21,7 @@ from chute.sinks import output_filesystem
 from chute.storage import StorageOptions, redact
 
 
-def render_plan(job: Job) -> RenderableType:
+def render_plan(job: JobSpec) -> RenderableType:
     plan = build_plan(job)
     name, reason = engines.choose(job)
     engine = engines.create(name, EngineOptions(job.address))

@@ -17,11 +17,11 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from chute import engines
+import chute.engines as engines
 from chute.engines import Engine, EngineOptions
 from chute.errors import ChuteError, JobStateError, ModelError
 from chute.evaluation import from_text, to_text
-from chute.job import Job, fingerprint_of
+from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
 from chute.ledger import Ledger
 from chute.metrics import State
@@ -201,7 +201,7 @@ class Committer:
 
 
 def run_job(
-    job: Job,
+    job: JobSpec,
     *,
     progress: bool = False,
     overwrite: bool = False,

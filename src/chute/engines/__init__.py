@@ -24,7 +24,7 @@ from chute.sources import DatasetSource
 
 if TYPE_CHECKING:
     from chute.engines.resources import StageResources
-    from chute.job import Job
+    from chute.job import JobSpec
     from chute.plan import Plan
     from chute.report import StageStats
     from chute.sinks import PartRecord
@@ -98,7 +98,7 @@ def create(name: str, options: EngineOptions | None = None) -> Engine:
     return engine
 
 
-def choose(job: Job) -> tuple[str, str]:
+def choose(job: JobSpec) -> tuple[str, str]:
     """Which engine runs ``job``, and why (``chute plan`` and the report say it)."""
     if job.engine != "auto":
         return job.engine, f"the job asks for the {job.engine} engine"

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from chute.errors import DataError
+from chute.raydata import quiet_data
 from chute.sources.base import MEMORY_UNIT_ROWS, Unit
 
 
@@ -72,8 +73,6 @@ class DatasetSource:
 
     def _blocks(self) -> list[Any]:
         if self._refs is None:
-            from chute.engines.ray import quiet_data
-
             options = self.dataset.context.execution_options  # a Dataset keeps its own context
             saved, options.preserve_order = options.preserve_order, True  # blocks in input order
             try:
