@@ -26,14 +26,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from chute import errors
-from chute.engines import carried
+import chute.errors as errors
+from chute.engines import EngineOptions, carried
 from chute.engines.resources import Cluster, StageResources, plan_resources
 from chute.errors import ChuteError, ConfigError
 from chute.job import Model, Preprocess
-from chute.plan import Output, Plan, Reader, StagePlan
+from chute.plan import Plan, Reader, StagePlan
+from chute.raydata import quiet_data
 from chute.report import StageStats
-from chute.sinks import PartRecord, PartWriter, records_from_table, records_to_table
+from chute.sinks import Output, PartRecord, PartWriter, records_from_table, records_to_table
 from chute.sources import DatasetSource, TableSource, Unit
 from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
 
@@ -206,40 +207,6 @@ def _read_fn(reader: Reader, unit: Unit) -> Callable[[], Iterator[pa.Table]]:
     return read
 
 
-@contextmanager
-def quiet_data(verbose: bool) -> Iterator[None]:
-    """Ray Data's own progress bars and execution logs, only with ``verbose``.
-
-    Errors raised in map functions are kept as they are: wrapped in Ray Data's
-    ``UserCodeException``, the chute error inside (a ``ModelError``) would be lost, since
-    an exception's ``__cause__`` does not survive the trip back to the driver.
-    """
-    from ray.data import DataContext
-
-    ctx = DataContext.get_current()
-    saved = (
-        ctx.enable_progress_bars,
-        ctx.print_on_execution_start,
-        ctx.raise_original_map_exception,
-    )
-    ctx.enable_progress_bars = verbose
-    ctx.print_on_execution_start = verbose
-    ctx.raise_original_map_exception = True
-    data_log = logging.getLogger("ray.data")
-    level = data_log.level
-    if not verbose:  # chute re-raises a failed job's error itself, once and readably
-        data_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        (
-            ctx.enable_progress_bars,
-            ctx.print_on_execution_start,
-            ctx.raise_original_map_exception,
-        ) = saved
-        data_log.setLevel(level)
-
-
 class _PreprocessTask:
     """Preprocess as a stateless task function (Ray fuses it into the read tasks)."""
 
@@ -322,9 +289,27 @@ class RayEngine:
         self.shipped: str | None = None
         """The job directory the workers run in, when Ray ships it (see :func:`init_ray`)."""
 
+    @classmethod
+    def from_options(cls, options: EngineOptions) -> RayEngine:
+        """The engine the registry makes."""
+        return cls(address=options.address, verbose=options.verbose)
+
     def prepare(self, plan: Plan) -> None:
         """Connect, and fail before anything is written if the cluster cannot run the plan."""
         self.resources(plan)
+
+    def stage_resources(self, plan: Plan) -> tuple[list[StageResources], str]:
+        """As :meth:`resources` would plan them: on the cluster when there is an address,
+        else on the local Ray this machine would start (without starting it)."""
+        models = [s.model for s in plan.stages]
+        if self.address or os.environ.get("RAY_ADDRESS"):
+            init_ray(self.address, verbose=False)
+            found = cluster()
+            return plan_resources(models, found), (
+                f"Ray cluster with {found.cpus:g} CPUs, {found.gpus:g} GPUs"
+            )
+        here = Cluster(cpus=float(os.cpu_count() or 1))
+        return plan_resources(models, here), f"a local Ray on this machine ({here.cpus:g} CPUs)"
 
     def resources(self, plan: Plan) -> list[StageResources]:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
@@ -336,7 +321,7 @@ class RayEngine:
 
         resources = self.resources(plan)
         totals: dict[str, dict[str, float]] = {}
-        with quiet_data(self.verbose):
+        with released(), quiet_data(self.verbose):
             self._stream(self._dataset(plan, resources), commit, totals)
         return carried.stage_stats(totals)
 
@@ -443,6 +428,71 @@ class RayEngine:
             compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
             **remote_args,
         )
+
+
+EXIT_SECONDS = 60.0
+"""Most seconds a run waits for its actors to exit after it ends."""
+FREE_SECONDS = 10.0
+"""Then, most seconds it waits for Ray's view of free CPUs and GPUs to show them back."""
+_POOL_ACTOR = "_MapWorker"
+"""The class name of Ray Data's actor pool workers in Ray's actor table."""
+
+
+@contextmanager
+def released() -> Iterator[None]:
+    """On the way out of a run, finished or failed, wait until its actors have exited and
+    their CPUs and GPUs are free again, so that the next run in this process (a notebook,
+    a test) never finds them taken: its reads would starve.
+
+    Ray Data lets go of an actor pool by dropping its handles (never ``ray.kill``), and Ray
+    ends the actors asynchronously; on a loaded machine that can take many seconds. The
+    wait is for this driver's pool actors to be dead in Ray's actor table, then for the
+    free CPUs and GPUs to be at least what they were when the run started (both bounded:
+    a slow cluster delays the return, never fails the job).
+    """
+    import ray
+
+    before = _free(ray.available_resources())
+    try:
+        yield
+    finally:
+        _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
+        _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
+
+
+def _free(available: Mapping[str, float]) -> dict[str, float]:
+    return {kind: float(available.get(kind, 0.0)) for kind in ("CPU", "GPU")}
+
+
+def _at_least(now: Mapping[str, float], before: Mapping[str, float]) -> bool:
+    return all(now[kind] >= before[kind] - 1e-6 for kind in before)
+
+
+def live_pool_actors() -> int:
+    """This driver's Ray Data pool actors that are not dead yet (0 if Ray cannot say)."""
+    import ray
+
+    try:
+        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+        table = ray._private.state.actors(job_id=job)  # the GCS actor table; no dashboard
+    except Exception:  # not every Ray has it: then the wait for free resources alone
+        log.debug("cannot read Ray's actor table", exc_info=True)
+        return 0
+    return sum(
+        1
+        for actor in table.values()
+        if actor.get("ActorClassName") == _POOL_ACTOR and actor.get("State") != "DEAD"
+    )
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            log.debug("gave up after %g s waiting for a run's actors to go", seconds)
+            return False
+        time.sleep(0.05)
+    return True
 
 
 class ObjectStoreSource:
