@@ -3,8 +3,9 @@ so a new module has to be given its place in the layers to exist."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 import chute
 
