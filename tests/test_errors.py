@@ -84,3 +84,22 @@ def test_missing_columns_error_lists_hint_and_available_columns() -> None:
     assert text.startswith("carryover: column(s) 'fare_amont' not found")
     assert "Did you mean 'fare_amount'?" in text
     assert text.endswith("Available columns: fare_amount, tip.")
+
+
+# -- the boundary: what ends a run is translated by type, the same on every engine ------
+
+
+def test_translate_maps_by_type_and_keeps_chute_errors() -> None:
+    import pyarrow as pa
+
+    from chute.errors import ChuteError, DataError, ModelError, ResourceError, translate
+
+    kept = ModelError("m failed")
+    assert translate(kept) is kept
+    assert type(translate(pa.lib.ArrowInvalid("bad cast"))) is DataError
+    assert "ArrowInvalid: bad cast" in str(translate(pa.lib.ArrowInvalid("bad cast")))
+    assert type(translate(MemoryError())) is ResourceError
+    io = translate(FileNotFoundError(2, "No such file", "/x/y"))
+    assert type(io) is ChuteError and "/x/y" in str(io)
+    other = translate(KeyError("k"))
+    assert type(other) is ChuteError and "KeyError" in str(other)

@@ -10,7 +10,10 @@
 
 Errors from Ray, Arrow and the frameworks are translated where they cross into chute,
 with ``raise ... from exc`` so the original traceback is kept. An ``OSError`` met while
-writing the output is translated by its errno, in one place: :func:`write_error`.
+writing the output is translated by its errno, in one place: :func:`write_error`. What
+still reaches the runner from an engine — the same on every engine, since an engine hands
+on the exception its stage raised, never a wrapper or its text — is translated there by
+:func:`translate`, by type.
 """
 
 from __future__ import annotations
@@ -120,3 +123,31 @@ def write_error(exc: OSError, path: str) -> ChuteError | None:
         return None
     kind, reason, fix = known
     return kind(f"{reason} writing {path}: {fix}. Run the job again once fixed: it resumes.")
+
+
+def translate(exc: BaseException) -> ChuteError:
+    """The chute error for an exception that ended a run, decided by its type alone.
+
+    >>> type(translate(MemoryError())).__name__
+    'ResourceError'
+    """
+    if isinstance(exc, ChuteError):
+        return exc
+    name = type(exc).__name__
+    if isinstance(exc, MemoryError):
+        return ResourceError(
+            "the driver ran out of memory. Give the job a machine with more memory, or "
+            "smaller batches (batch_size)."
+        )
+    if _from_arrow(exc):
+        return DataError(f"Arrow could not handle the data: {name}: {exc}")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return ChuteError(f"an I/O error stopped the run{where}: {name}: {exc}")
+    return ChuteError(f"the run stopped on an unexpected {name}: {exc}")
+
+
+def _from_arrow(exc: BaseException) -> bool:
+    """Whether Arrow raised it (``pyarrow.lib.ArrowException`` and its kin), told apart by
+    the class's module so that this module imports no pyarrow."""
+    return any(kind.__module__.startswith("pyarrow") for kind in type(exc).__mro__)

@@ -19,7 +19,7 @@ from rich.console import Console
 
 import chute.engines as engines
 from chute.engines import Engine, EngineOptions
-from chute.errors import ChuteError, JobStateError, ModelError
+from chute.errors import ChuteError, JobStateError, ModelError, translate
 from chute.evaluation import from_text, to_text
 from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
@@ -282,6 +282,12 @@ def _execute(
     except ModelError as exc:
         _save_partial(ledger, run, committer)
         raise _located(exc, plan) from exc
+    except ChuteError:
+        _save_partial(ledger, run, committer)
+        raise
+    except Exception as exc:  # the one boundary: by type, the same on every engine
+        _save_partial(ledger, run, committer)
+        raise translate(exc) from exc
     except BaseException:  # Ctrl-C too: what was committed is reported, then resumed
         _save_partial(ledger, run, committer)
         raise

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,7 +25,6 @@ from typing import Any
 
 import pyarrow as pa
 
-import chute.errors as errors
 from chute.engines import EngineOptions, carried
 from chute.engines.resources import Cluster, StageResources, plan_resources
 from chute.errors import ChuteError, ConfigError
@@ -251,16 +249,24 @@ class _ModelActor:
     ) -> None:
         import ray
 
-        self.stage = ModelStage(
-            model,
-            inputs,
-            target=ray.get(target) if target is not None else None,
-            ctor=ray.get(ctor) if ctor is not None else None,
-        )
+        self.failed: ChuteError | None = None
+        try:
+            self.stage = ModelStage(
+                model,
+                inputs,
+                target=ray.get(target) if target is not None else None,
+                ctor=ray.get(ctor) if ctor is not None else None,
+            )
+        except ChuteError as exc:
+            # Raised here, it would kill the actor, and Ray hands the driver only the text of
+            # a constructor's error; raised from a batch it arrives as the error it is.
+            self.failed = exc
         self.writer = PartWriter(output) if output is not None else None
         self.rows = rows
 
     def __call__(self, block: pa.Table) -> pa.Table:
+        if self.failed is not None:
+            raise self.failed
         starts = range(0, max(block.num_rows, 1), self.rows)
         outs = [self._batch(block.slice(start, self.rows)) for start in starts]
         return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="permissive")
@@ -346,6 +352,8 @@ class RayEngine:
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
             error = _unwrap(exc)
             _drop_frames(exc)
+            if error is exc:
+                raise
             raise error from exc
 
     def _dataset(self, plan: Plan, resources: list[StageResources]) -> Any:
@@ -434,8 +442,9 @@ EXIT_SECONDS = 60.0
 """Most seconds a run waits for its actors to exit after it ends."""
 FREE_SECONDS = 10.0
 """Then, most seconds it waits for Ray's view of free CPUs and GPUs to show them back."""
-_POOL_ACTOR = "_MapWorker"
-"""The class name of Ray Data's actor pool workers in Ray's actor table."""
+_POOL_ACTOR = "MapWorker("
+"""How the class names of Ray Data's pool actors start in Ray's actor table (followed by
+the operator's name, which holds ``_ModelActor`` for chute's model stages)."""
 
 
 @contextmanager
@@ -481,8 +490,12 @@ def live_pool_actors() -> int:
     return sum(
         1
         for actor in table.values()
-        if actor.get("ActorClassName") == _POOL_ACTOR and actor.get("State") != "DEAD"
+        if _is_model_pool(str(actor.get("ActorClassName"))) and actor.get("State") != "DEAD"
     )
+
+
+def _is_model_pool(name: str) -> bool:
+    return name.startswith(_POOL_ACTOR) and _ModelActor.__name__ in name
 
 
 def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
@@ -524,21 +537,23 @@ def _in_object_store(reader: Reader, units: list[Unit]) -> tuple[Reader, list[Un
     return Reader(ObjectStoreSource(reader.source.schema()), None), stored
 
 
-def _unwrap(exc: Exception) -> Exception:
-    """The chute error a Ray task raised, if it was one; else a ChuteError that says so."""
+def _unwrap(exc: Exception) -> BaseException:
+    """The exception a stage raised inside a Ray task, as it was raised (a chute error, an
+    Arrow error, ...): the runner translates it as it would on any engine. A Ray error
+    that carries none (a lost actor, say) comes back as it is."""
+    found: BaseException = exc
     cause = getattr(exc, "cause", None)
-    while cause is not None and not isinstance(cause, ChuteError):
+    while cause is not None:
+        if not type(cause).__module__.startswith("ray."):
+            found = cause  # the innermost error that is not Ray's own wrapper
+        if isinstance(cause, ChuteError):
+            break
         cause = getattr(cause, "__cause__", None) or getattr(cause, "cause", None)
-    if isinstance(cause, ChuteError):
+    if isinstance(found, ChuteError):
         # Ray Data appends its retry advice to the message in place: not chute's advice.
-        text = str(cause).split("\nFailed to apply ")[0]
-        cause.args = (text, *cause.args[1:])
-        return cause
-    found = _CHUTE_ERROR_LINE.findall(str(exc))
-    kind = getattr(errors, found[-1][0], None) if found else None
-    if isinstance(kind, type) and issubclass(kind, ChuteError):
-        return kind(found[-1][1])  # an actor's constructor raised it: Ray keeps only its text
-    return ChuteError(f"a Ray task failed: {exc}")
+        text = str(found).split("\nFailed to apply ")[0]
+        found.args = (text, *found.args[1:])
+    return found
 
 
 def _drop_frames(exc: BaseException | None) -> None:
@@ -551,6 +566,3 @@ def _drop_frames(exc: BaseException | None) -> None:
         seen.add(id(exc))
         exc.__traceback__ = None
         exc = exc.__context__
-
-
-_CHUTE_ERROR_LINE = re.compile(r"^chute\.errors\.(\w+): (.*)$", re.MULTILINE)
