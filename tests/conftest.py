@@ -59,15 +59,22 @@ def ray_session() -> Iterator[Any]:
                 os.environ[name] = value
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("local", id="local"),
-        pytest.param("ray", id="ray", marks=pytest.mark.ray),
+def _engine_params() -> list[Any]:
+    from chute.engines import ENGINES
+
+    return [
+        pytest.param(name, id=name, marks=[pytest.mark.ray] if entry.requires == "ray" else [])
+        for name, entry in ENGINES.items()
     ]
-)
+
+
+@pytest.fixture(params=_engine_params())
 def engine(request: pytest.FixtureRequest) -> str:
-    """Each end-to-end test runs once per engine; only ``ray`` starts the session Ray."""
-    if request.param == "ray":
+    """Each end-to-end test runs once per registered engine (``chute.engines.ENGINES``);
+    only an engine that needs Ray starts the session's Ray."""
+    from chute.engines import ENGINES
+
+    if ENGINES[request.param].requires == "ray":
         request.getfixturevalue("ray_session")
     return str(request.param)
 

@@ -368,7 +368,11 @@ class ModelStage:
         """The unit and position of ``row`` in ``view``, and the row shown briefly."""
         keys = view.column(KEY).to_numpy()[row : row + 1]
         unit, position, _ = decode(keys)
-        shown = {k: v for k, v in view.slice(row, 1).to_pylist()[0].items() if k != KEY}
+        shown = {  # the row as the job knows it: never chute's own bookkeeping columns
+            k: v
+            for k, v in view.slice(row, 1).to_pylist()[0].items()
+            if not k.startswith("__chute")
+        }
         text = repr(shown)
         text = text if len(text) <= 500 else text[:500] + "…"
         return int(unit[0]), int(position[0]), text

@@ -1,0 +1,305 @@
+"""The conformance suite: what every registered engine must do, alike (issue 13).
+
+Like Beam's ValidatesRunner tests, each test runs once per engine in
+``chute.engines.ENGINES`` (the ``engine`` fixture) and checks the result against an
+engine-free computation of what the job means — plain pyarrow and NumPy over the input,
+and the metrics' own single-process accumulation — never against another engine's output.
+So an engine passes by being right, and all engines then agree by construction:
+
+* rows, values and column order, through a preprocess step and two models with carryover;
+* metrics, equal to one accumulation over the whole output;
+* the ledger: every unit once, with its rows; the manifest names exactly the parts;
+* quarantine: exactly the rows a model raises on, in ``_errors/``, the rest predicted;
+* every bad-input error: the same class and the same message on every engine;
+* in-memory results, in input order;
+* a job killed on one engine and resumed on another ends exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+from chute.engines import ENGINES
+from chute.errors import ChuteError, ColumnNotFoundError, DataError, ModelError
+from chute.ledger import Ledger
+from chute.metrics import metric_from_spec
+from chute.storage import resolve
+from tests.chaos_job import METRICS, driver_env, make_data, reap, start_driver, wait_for
+from tests.gated_job import ROWS_PER_UNIT, write_job
+
+CARRY = ("trip_id", "payment_type")
+TAXI_METRICS = [
+    {"type": "mse", "label": "fare_amount", "prediction": "price_value"},
+    {"type": "mean", "column": "tip_score", "by": "payment_type", "name": "tip_by_payment"},
+    {"type": "histogram", "column": "price_value", "bins": 10, "range": [0, 100]},
+]
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def fare_per_mile(batch: pa.Table) -> dict[str, Any]:
+    """The preprocess step: a new column from two input columns."""
+    miles = pc.add(batch.column("trip_distance"), 1.0)
+    return {"fare_per_mile": pc.divide(batch.column("fare_amount"), miles)}
+
+
+def fare_model(batch: pd.DataFrame) -> dict[str, Any]:
+    """A second model, on pandas, over the preprocess step's column."""
+    return {"value": (batch["fare_per_mile"] * 3.5 + 1.0).to_numpy()}
+
+
+def raises_on_some(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raises on any batch holding a trip id divisible by 7919."""
+    bad = batch["trip_id"][batch["trip_id"] % 7919 == 0]
+    if len(bad):
+        raise ValueError(f"cannot score trip {int(bad[0])}")
+    return {"ok": batch["trip_id"] * 2}
+
+
+def raises_on_one(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raises on the batch holding trip 31,337 only: which error comes first is certain."""
+    if (batch["trip_id"] == 31_337).any():
+        raise ValueError("cannot score trip 31337")
+    return {"ok": batch["trip_id"] * 2}
+
+
+def taxi_job(taxi_dir: Path, out: Path | None, engine: str, **job: Any) -> chute.Job:
+    models = (
+        chute.Model("tip", chute.demo.tip_model, inputs=("passenger_count",),
+                    batch_format="numpy", batch_size=4096),
+        chute.Model("price", fare_model, inputs=("fare_per_mile",), batch_format="pandas"),
+    )  # fmt: skip
+    return chute.Job(
+        source=chute.FileSource(str(taxi_dir)),
+        models=models,
+        carryover=CARRY,
+        preprocess=chute.Preprocess(fare_per_mile, inputs=("fare_amount", "trip_distance")),
+        output=chute.Sink(str(out)) if out is not None else None,
+        engine=engine,  # type: ignore[arg-type]
+        **job,
+    )
+
+
+def expected(taxi_dir: Path) -> pa.Table:
+    """What the job means, computed without any engine, sorted by trip id."""
+    table = pq.read_table(taxi_dir).sort_by("trip_id")
+    per_mile = pc.divide(table["fare_amount"], pc.add(table["trip_distance"], 1.0))
+    return pa.table(
+        {
+            "trip_id": table["trip_id"],
+            "payment_type": table["payment_type"],
+            "tip_score": (table["passenger_count"].to_numpy() >= 2).astype(np.float32),
+            "price_value": pc.add(pc.multiply(per_mile, 3.5), 1.0),
+        }
+    )
+
+
+def read_output(out: Path) -> pa.Table:
+    """The rows of the files the manifest names, in file order, then sorted by trip id."""
+    manifest = json.loads((out / "_chute" / "manifest.json").read_text())
+    tables = [pq.read_table(out / f["path"]) for f in manifest["files"]]
+    return pa.concat_tables(tables)
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@pytest.mark.timeout(120)
+def test_rows_values_and_column_order(engine: str, taxi_dir: Path, tmp_path: Path) -> None:
+    report = taxi_job(taxi_dir, tmp_path / "out", engine).run()
+    table = read_output(tmp_path / "out")
+    assert table.column_names == ["trip_id", "payment_type", "tip_score", "price_value"]
+    assert report.rows_out == table.num_rows == expected(taxi_dir).num_rows
+    assert table.sort_by("trip_id").equals(expected(taxi_dir))
+
+
+@pytest.mark.timeout(120)
+def test_metrics_equal_one_accumulation_over_the_output(
+    engine: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    metrics = tuple(metric_from_spec(spec) for spec in TAXI_METRICS)
+    report = taxi_job(taxi_dir, tmp_path / "out", engine, metrics=metrics).run()
+    whole = pq.read_table(taxi_dir).join(expected(taxi_dir), "trip_id", right_suffix="_")
+    for metric, spec in zip(metrics, TAXI_METRICS, strict=True):
+        owner = spec.get("prediction", spec.get("column", "")).split("_")[0]
+        reference = metric.result(metric.update(metric.init(), whole))
+        reported = report.metrics[owner][metric.name]
+        assert json.dumps(reported, sort_keys=True) == json.dumps(reference, sort_keys=True)
+
+
+@pytest.mark.timeout(120)
+def test_ledger_names_every_unit_once_and_the_manifest_every_part(
+    engine: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    taxi_job(taxi_dir, out, engine).run()
+    entries = Ledger(*resolve(str(out))).read_entries()
+    files = sorted(taxi_dir.glob("*.parquet"))
+    assert sorted(e["unit"] for e in entries.values()) == sorted(str(f) for f in files)
+    rows = {str(f): pq.ParquetFile(f).metadata.num_rows for f in files}
+    assert {e["unit"]: e["rows"] for e in entries.values()} == rows
+    manifest = json.loads((out / "_chute" / "manifest.json").read_text())
+    parts = {p.name for p in out.iterdir() if p.name.startswith("part-")}
+    assert {f["path"] for f in manifest["files"]} == parts
+    assert manifest["rows"] == sum(rows.values())
+
+
+@pytest.mark.timeout(120)
+def test_quarantine_isolates_exactly_the_rows_a_model_raises_on(
+    engine: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    model = chute.Model("m", raises_on_some, inputs=("trip_id",), batch_format="numpy",
+                        batch_size=2048, on_error="quarantine")  # fmt: skip
+    job = chute.Job(chute.FileSource(str(taxi_dir)), (model,), output=chute.Sink(str(out)),
+                    carryover=("trip_id",), engine=engine)  # type: ignore[arg-type]  # fmt: skip
+    report = job.run()
+    ids = pq.read_table(taxi_dir, columns=["trip_id"])["trip_id"].to_numpy()
+    bad = np.sort(ids[ids % 7919 == 0])
+    errors = pq.read_table(out / "_errors").sort_by("trip_id")
+    assert errors.column_names == ["trip_id", "model", "error_type", "error_message"]
+    assert (errors["trip_id"].to_numpy() == bad).all() and report.rows_failed == len(bad)
+    assert set(errors["error_type"].to_pylist()) == {"ValueError"}
+    good = read_output(out).sort_by("trip_id")
+    assert (good["trip_id"].to_numpy() == np.setdiff1d(ids, bad)).all()
+    assert (good["m_ok"].to_numpy() == good["trip_id"].to_numpy() * 2).all()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _missing_column(taxi_dir: Path, tmp_path: Path, engine: str) -> chute.Job:
+    model = chute.Model("tip", chute.demo.tip_model, inputs=("passenger_cnt",))
+    return chute.Job(chute.FileSource(str(taxi_dir)), (model,), engine=engine)  # type: ignore[arg-type]
+
+
+def _corrupt_file(taxi_dir: Path, tmp_path: Path, engine: str) -> chute.Job:
+    data = tmp_path / "data"
+    shutil.copytree(taxi_dir, data)
+    (data / "zz-broken.parquet").write_bytes(b"PAR1 not really parquet")
+    return taxi_job(data, tmp_path / "out", engine)
+
+
+def _model_raises(taxi_dir: Path, tmp_path: Path, engine: str) -> chute.Job:
+    model = chute.Model("m", raises_on_one, inputs=("trip_id",), batch_format="numpy")
+    return chute.Job(chute.FileSource(str(taxi_dir)), (model,), engine=engine)  # type: ignore[arg-type]
+
+
+def _model_fails_to_load(taxi_dir: Path, tmp_path: Path, engine: str) -> chute.Job:
+    model = chute.Model("m", "tests.conformance.no_such_module:Model", inputs=("trip_id",))
+    return chute.Job(chute.FileSource(str(taxi_dir)), (model,), engine=engine)  # type: ignore[arg-type]
+
+
+BAD = {
+    "missing-column": (_missing_column, ColumnNotFoundError),
+    "corrupt-file": (_corrupt_file, DataError),
+    "model-raises": (_model_raises, ModelError),
+    "model-fails-to-load": (_model_fails_to_load, ChuteError),
+}
+_MESSAGES: dict[str, tuple[type[BaseException], str]] = {}
+"""The first engine's error per case: every later engine must raise the same."""
+
+
+def _normal(text: str, tmp_path: Path) -> str:
+    return text.replace(str(tmp_path), "<tmp>")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_gives_the_same_error_on_every_engine(
+    engine: str, case: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    build, kind = BAD[case]
+    with pytest.raises(kind) as info:
+        build(taxi_dir, tmp_path, engine).run()
+    seen = (type(info.value), _normal(str(info.value), tmp_path))
+    assert _MESSAGES.setdefault(case, seen) == seen, f"{engine} differs from another engine"
+
+
+# --------------------------------------------------------------------------- in memory
+
+
+@pytest.mark.timeout(120)
+def test_in_memory_results_come_back_in_input_order(engine: str, taxi_dir: Path) -> None:
+    frame = pq.read_table(taxi_dir).to_pandas().sample(frac=1.0, random_state=3)
+    frame["fare_per_mile"] = frame["fare_amount"] / (frame["trip_distance"] + 1.0)
+    models = [
+        chute.Model("tip", chute.demo.tip_model, inputs=["passenger_count"],
+                    batch_format="numpy", batch_size=5000),
+        chute.Model("price", fare_model, inputs=["fare_per_mile"], batch_format="pandas"),
+    ]  # fmt: skip
+    result = chute.predict(frame, models, carryover=["trip_id"], engine=engine)  # type: ignore[arg-type]
+    assert result["trip_id"].tolist() == frame["trip_id"].tolist()
+    np.testing.assert_array_equal(
+        result["tip_score"], (frame["passenger_count"] >= 2).astype(np.float32)
+    )
+    np.testing.assert_array_equal(result["price_value"], frame["fare_per_mile"] * 3.5 + 1.0)
+
+
+# --------------------------------------------------------------------------- resume
+
+UNITS = 8
+PAIRS = [
+    pytest.param(a, b, id=f"{a}-then-{b}",
+                 marks=[pytest.mark.ray] if "ray" in (ENGINES[a].requires, ENGINES[b].requires)
+                 else [])
+    for a, b in itertools.permutations(ENGINES, 2)
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("conformance-units"), UNITS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("first", "then"), PAIRS)
+def test_killed_on_one_engine_resumed_on_another_ends_exactly_once(
+    first: str, then: str, unit_data: Path, tmp_path: Path
+) -> None:
+    """A driver SIGKILLed mid-run on ``first`` (the model held at a gate after two whole
+    units), then the same job file run with ``--engine then``: every row once, the values
+    and metrics of an uninterrupted run, and the committed units not recomputed."""
+    gate, out = tmp_path / "gate", tmp_path / "out"
+    job = write_job(tmp_path / "job.yaml", unit_data, str(out), gate, metrics=METRICS)
+    driver = start_driver(job, driver_env(), "--engine", first)
+    try:
+        held = wait_for(lambda: gate.with_suffix(".reached").exists(), driver, 120)
+        assert held, driver.communicate(timeout=30)[1][-3000:]
+        done = Ledger(*resolve(str(out))).read_entries()
+        assert len(done) >= 2
+    finally:
+        reap(driver)
+    gate.touch()
+    resumed = start_driver(job, driver_env(), "--engine", then)
+    _, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err[-3000:]
+    report = json.loads((out / "_chute" / "report.json").read_text())
+    assert report["engine"] == then and report["units_skipped"] == len(done)
+    table = read_output(out).sort_by("id")
+    ids = table["id"].to_numpy()
+    assert len(ids) == UNITS * ROWS_PER_UNIT and (ids == np.arange(len(ids))).all()
+    source = pq.read_table(unit_data).sort_by("id")
+    np.testing.assert_array_equal(table["m_score"], source["x"].to_numpy() * 2.0 + ids)
+    whole = source.append_column("m_score", table["m_score"])
+    for spec in METRICS:
+        metric = metric_from_spec(spec)
+        owner = "m" if "m_score" in (spec.get("prediction"), spec.get("column")) else "dataset"
+        reference = metric.result(metric.update(metric.init(), whole))
+        assert json.dumps(report["metrics"][owner][metric.name], sort_keys=True) == json.dumps(
+            reference, sort_keys=True
+        )
