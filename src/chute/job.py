@@ -16,6 +16,7 @@ from math import inf
 from typing import TYPE_CHECKING, Any, Literal
 
 from chute.errors import ConfigError
+from chute.usercode import code_files
 
 if TYPE_CHECKING:
     from chute.sources import Source
@@ -337,7 +338,25 @@ class JobSpec:
             "format": self.output.format if self.output else None,
             "on_bad_input": self.on_bad_input,
             "metrics": [repr(m) for m in self.metrics],
+            "code": self._code(),
         }
+
+    def _code(self) -> dict[str, dict[str, str]]:
+        """The source files of the user code each part names (:func:`code_files`), by the
+        part's key: ``models[0].fn``, ``models[0].module``, ``preprocess.fn``, ``metrics[1]``."""
+        parts: dict[str, Any] = {}
+        for i, model in enumerate(self.models):
+            options = getattr(model.fn, "options", None)
+            if type(model.fn).__name__ == "AdapterSpec" and isinstance(options, Mapping):
+                parts[f"models[{i}].module"] = options.get("module")
+            else:
+                parts[f"models[{i}].fn"] = model.fn
+        if self.preprocess is not None:
+            parts["preprocess.fn"] = self.preprocess.fn
+        for i, metric in enumerate(self.metrics):
+            parts[f"metrics[{i}]"] = _metric_code(metric)
+        found = {key: code_files(target) for key, target in parts.items() if target is not None}
+        return {key: files for key, files in found.items() if files}
 
     def fingerprint(self) -> str:
         """A stable hash of :meth:`describe`: a changed job gets another one."""
@@ -349,6 +368,55 @@ def fingerprint_of(description: Mapping[str, Any]) -> str:
     hashes in-memory data and constructor arguments)."""
     blob = json.dumps(description, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _metric_code(metric: Any) -> Any:
+    """The user's own class inside a (sliced, adapted) metric: its code is what counts."""
+    for attribute in ("metric", "inner"):  # Sliced wraps a metric; Custom adapts an object
+        if type(metric).__module__.startswith("chute.") and hasattr(metric, attribute):
+            return _metric_code(getattr(metric, attribute))
+    return metric
+
+
+def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """What differs between two :meth:`JobSpec.describe` results, naming the model, field
+    and source file: ``models[0].fn (model.py), carryover``."""
+    changes: list[str] = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if key == "code" and isinstance(old, Mapping) and isinstance(new, Mapping):
+            changes += _code_changes(old, new)
+        elif key == "models" and isinstance(old, list) and isinstance(new, list):
+            changes += _model_changes(old, new)
+        else:
+            changes.append(key)
+    named = [c for c in changes if not any(o.startswith(f"{c} (") for o in changes)]
+    return ", ".join(named) or "the job description"
+
+
+def _code_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``models[0].fn (model.py, helpers.py)``: each part whose source files differ."""
+    changes = []
+    for part in sorted(set(old) | set(new)):
+        files_old, files_new = old.get(part) or {}, new.get(part) or {}
+        files = sorted(f for f in {*files_old, *files_new} if files_old.get(f) != files_new.get(f))
+        if files:
+            changes.append(f"{part} ({', '.join(files)})")
+    return changes
+
+
+def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
+    """``models[1].kwargs``: each field of each model that differs."""
+    if len(old) != len(new) or not all(isinstance(m, Mapping) for m in [*old, *new]):
+        return ["models"]
+    return [
+        f"models[{i}].{field}"
+        for i, (a, b) in enumerate(zip(old, new, strict=True))
+        for field in sorted(set(a) | set(b))
+        if a.get(field) != b.get(field)
+    ]
 
 
 def _fn_name(fn: Any) -> str:

@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from chute.errors import JobStateError
+from chute.job import describe_changes
 from chute.lease import OWNERS_DIR, Lease
 from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
@@ -174,7 +175,7 @@ class Ledger:
                     "empty or new directory, or pass --overwrite to replace its contents."
                 )
             elif owner is not None and owner.get("fingerprint") != fingerprint:
-                changed = _changes(owner.get("job", {}), description)
+                changed = describe_changes(owner.get("job", {}), description)
                 raise JobStateError(
                     f"output {self.root!r} holds the results of a different job "
                     f"(changed: {changed}). Resuming would mix two jobs' outputs. Use another "
@@ -395,8 +396,3 @@ def _files(entry: dict[str, Any]) -> list[dict[str, Any]]:
     if "files" in entry:
         return [{"path": p, "rows": r, "bytes": b} for p, r, b in entry["files"]]
     return [{"path": p, "rows": None, "bytes": None} for p in entry["parts"]]
-
-
-def _changes(before: dict[str, Any], after: dict[str, Any]) -> str:
-    keys = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    return ", ".join(keys) or "the job description"

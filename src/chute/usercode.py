@@ -78,3 +78,186 @@ def _import_file(path: str) -> Any:
 def resolve(fn: Any) -> Any:
     """The user's function, class or callable object, importing it if named by string."""
     return import_string(fn) if isinstance(fn, str) else fn
+
+
+# -- the source a job's fingerprint covers -------------------------------------------------
+
+
+def code_files(target: Any) -> dict[str, str]:
+    """The source files of user code, as ``{path relative to its code folder: hash}``.
+
+    ``target`` is a function, class or callable object, or a ``"module:name"`` /
+    ``"file.py:name"`` string. Its *code folder* is the folder it is imported from (the one
+    holding ``file.py``, or the top-level package or module of ``module``). Covered: the
+    file that defines the target, the ``__init__.py`` of packages it lives in, and every
+    module of the code folder that those files import, directly or through one another
+    (read from their import statements, never run). The bytes are hashed, so an edited
+    comment counts. Nothing is covered for code in installed packages (site-packages, the
+    standard library, chute itself), nor for code without a file (a notebook cell).
+
+    >>> code_files("json:dumps")
+    {}
+    """
+    origin = _origin(target)
+    if origin is None:
+        return {}
+    path, root = origin
+    return {
+        os.path.relpath(file, root).replace(os.sep, "/"): _file_hash(file)
+        for file in sorted(_local_modules(path, root))
+    }
+
+
+def _origin(target: Any) -> tuple[str, str] | None:
+    """The file defining ``target`` and its code folder, unless installed or fileless."""
+    if not isinstance(target, str):
+        return _object_origin(target)
+    module, _, _ = target.rpartition(":")
+    if not module.endswith(".py"):
+        return _module_origin(module)
+    path = os.path.abspath(module)
+    found = os.path.isfile(path) and not _installed(path)
+    return (path, os.path.dirname(path)) if found else None
+
+
+def _object_origin(target: Any) -> tuple[str, str] | None:
+    """Where the module of a function, class or (the class of) an object is."""
+    owner = target if isinstance(target, type) or hasattr(target, "__code__") else type(target)
+    name = getattr(owner, "__module__", None)
+    file = getattr(sys.modules.get(name), "__file__", None) if isinstance(name, str) else None
+    if not isinstance(name, str) or not isinstance(file, str) or not os.path.isfile(file):
+        return None
+    path = os.path.abspath(file)
+    root = _root_of(path, 0 if name == "__main__" else name.count("."))
+    return None if _installed(path) else (path, root)
+
+
+def _module_origin(module: str) -> tuple[str, str] | None:
+    """Where ``module`` is, found without importing it (nor its packages)."""
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        root = os.path.dirname(os.path.abspath(next(iter(spec.submodule_search_locations))))
+    elif spec.origin and os.path.isfile(spec.origin):
+        root = os.path.dirname(os.path.abspath(spec.origin))
+    else:
+        return None  # built in, frozen
+    path = _module_file(root, module)
+    return None if path is None or _installed(path) else (path, root)
+
+
+def _root_of(path: str, depth: int) -> str:
+    """The folder a module at ``path``, ``depth`` dots deep in its name, is imported from."""
+    root = os.path.dirname(path)
+    if os.path.basename(path) == "__init__.py":
+        root = os.path.dirname(root)
+    for _ in range(depth):
+        root = os.path.dirname(root)
+    return root
+
+
+def _module_file(root: str, module: str) -> str | None:
+    """The file of ``module`` (``a.b`` → ``a/b.py`` or ``a/b/__init__.py``) under ``root``."""
+    base = os.path.join(root, *module.split("."))
+    for path in (f"{base}.py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _installed(path: str) -> bool:
+    """Whether ``path`` belongs to an installed package, the standard library or chute."""
+    real = os.path.realpath(path)
+    if {"site-packages", "dist-packages"} & set(real.split(os.sep)):
+        return True
+    return any(_under(real, folder) for folder in _installed_folders())
+
+
+def _installed_folders() -> list[str]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    folders = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    return [os.path.realpath(f) for f in [*folders, os.path.dirname(__file__)]]
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _local_modules(path: str, root: str) -> set[str]:
+    """``path``, the packages it lives in, and the modules under ``root`` they import."""
+    found: set[str] = set()
+    pending = [path]
+    while pending:
+        file = pending.pop()
+        if file in found:
+            continue
+        found.add(file)
+        pending += _packages_of(file, root)
+        pending += [m for m in _imports(file, root) if m not in found]
+    return found
+
+
+def _packages_of(path: str, root: str) -> list[str]:
+    """The ``__init__.py`` of each package between ``path`` and ``root``."""
+    inits = []
+    folder = os.path.dirname(path)
+    while _under(folder, root) and folder != root:
+        init = os.path.join(folder, "__init__.py")
+        if os.path.isfile(init):
+            inits.append(init)
+        folder = os.path.dirname(folder)
+    return inits
+
+
+def _imports(path: str, root: str) -> list[str]:
+    """The files under ``root`` that the import statements of ``path`` name."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[tuple[str, str]] = []  # (folder to resolve in, dotted module name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(root, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names += _from_names(node, path, root)
+    return [
+        file
+        for folder, name in names
+        for module in _with_parents(name)
+        if (file := _module_file(folder, module)) is not None and _under(file, root)
+    ]
+
+
+def _from_names(node: Any, path: str, root: str) -> list[tuple[str, str]]:
+    """``from a import b`` may import module ``a`` or module ``a.b``; relative ones too."""
+    folder = root
+    if node.level:
+        folder = os.path.dirname(path)
+        for _ in range(node.level - 1):
+            folder = os.path.dirname(folder)
+    module = node.module or ""
+    names = [(folder, f"{module}.{a.name}" if module else a.name) for a in node.names]
+    return [(folder, module), *names] if module else names
+
+
+def _with_parents(name: str) -> list[str]:
+    """``a.b.c`` → ``a``, ``a.b``, ``a.b.c`` (importing one runs its packages too)."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts)) if parts[i] and parts[i] != "*"]
+
+
+def _file_hash(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]

@@ -1,0 +1,206 @@
+"""A changed model is a changed job: the fingerprint covers the source of the user code a
+job names (model ``fn:`` files and the local modules they import, preprocess functions,
+custom metrics), so a resume with edited code is refused, naming the part and the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from chute.errors import JobStateError
+from chute.job import JobSpec, Model, Preprocess, describe_changes
+from chute.sources import TableSource
+from tests.test_cli import invoke, listing
+
+ROWS_PER_FILE = 500
+FILES = 4
+
+MODEL = """
+import numpy as np
+
+from helpers import SCALE
+
+def score(batch):
+    return np.asarray(batch["x"]) * SCALE
+"""
+HELPERS = "SCALE = 2.0\n"
+PREP = """
+import numpy as np
+
+def add(batch):
+    return {"x2": np.asarray(batch["x"]) + 1}
+"""
+METRIC = """
+class TopDecileLift:
+    def columns(self):
+        return ["x"]
+
+    def init(self):
+        return {"n": 0}
+
+    def update(self, state, table):
+        return {"n": state["n"] + table.num_rows}
+
+    def merge(self, a, b):
+        return {"n": a["n"] + b["n"]}
+
+    def result(self, state):
+        return {"rows": state["n"]}
+"""
+JOB = """
+input: {path: data, format: parquet}
+carryover: [id]
+models:
+  - name: m
+    fn: model.py:score
+    inputs: [id, x]
+    batch_size: 100
+output: {path: out}
+"""
+
+
+def _data(folder: Path) -> None:
+    folder.mkdir()
+    for i in range(FILES):
+        ids = list(range(i * ROWS_PER_FILE, (i + 1) * ROWS_PER_FILE))
+        pq.write_table(
+            pa.table({"id": ids, "x": [float(v) for v in ids], "g": [v % 3 for v in ids]}),
+            folder / f"{i}.parquet",
+        )
+
+
+def _job_dir(tmp_path: Path, extra: str = "") -> Path:
+    _data(tmp_path / "data")
+    (tmp_path / "model.py").write_text(MODEL)
+    (tmp_path / "helpers.py").write_text(HELPERS)
+    (tmp_path / "prep.py").write_text(PREP)
+    (tmp_path / "my_metrics.py").write_text(METRIC)
+    (tmp_path / "job.yaml").write_text(JOB + extra)
+    return tmp_path / "job.yaml"
+
+
+def _forget_last_unit(out: Path) -> None:
+    """Leave the output as a run killed before its last unit committed would."""
+    ledger = out / "_chute" / "ledger.jsonl"
+    lines = ledger.read_text().splitlines(keepends=True)
+    ledger.write_text("".join(lines[:-1]))
+    (out / "_SUCCESS").unlink()
+
+
+def _parts_and_ledger(out: Path) -> dict[str, bytes]:
+    return {k: v for k, v in listing(out).items() if k.startswith(("part-", "_chute/ledger"))}
+
+
+# -- through the command line -------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_resume_of_a_partial_run_with_an_edited_fn_file_is_refused(tmp_path: Path) -> None:
+    job = _job_dir(tmp_path)
+    assert invoke("run", str(job), "-q", "--engine", "local")[0] == 0
+    _forget_last_unit(tmp_path / "out")
+    before = _parts_and_ledger(tmp_path / "out")
+    original = (tmp_path / "model.py").read_text()
+    (tmp_path / "model.py").write_text(original.replace("* SCALE", "* SCALE + 1"))
+
+    code, text = invoke("run", str(job), "-q", "--engine", "local")
+
+    assert code == JobStateError.exit_code, text
+    assert "changed: models[0].fn (model.py)" in text
+    assert _parts_and_ledger(tmp_path / "out") == before  # nothing written, nothing removed
+    (tmp_path / "model.py").write_text(original)  # the same code again: it resumes
+    code, text = invoke("run", str(job), "-q", "--engine", "local")
+    assert code == 0, text
+    assert "1 run, 3 already done" in text
+    result = pq.read_table(tmp_path / "out").sort_by("id")
+    assert result.column("id").to_pylist() == list(range(FILES * ROWS_PER_FILE))
+    assert result.column("m").to_pylist() == [2.0 * v for v in range(FILES * ROWS_PER_FILE)]
+
+
+@pytest.mark.timeout(120)
+def test_an_edited_module_the_model_imports_is_named(tmp_path: Path) -> None:
+    job = _job_dir(tmp_path)
+    assert invoke("run", str(job), "-q")[0] == 0
+    (tmp_path / "helpers.py").write_text("SCALE = 3.0\n")
+    code, text = invoke("run", str(job), "-q")
+    assert code == JobStateError.exit_code, text
+    assert "changed: models[0].fn (helpers.py)" in text
+
+
+@pytest.mark.timeout(120)
+def test_an_edited_preprocess_file_is_a_changed_job(tmp_path: Path) -> None:
+    job = _job_dir(tmp_path, "preprocess: {fn: prep.py:add}\n")
+    assert invoke("run", str(job), "-q")[0] == 0
+    assert invoke("run", str(job), "-q")[0] == 0  # unchanged: resumes, nothing to redo
+    (tmp_path / "prep.py").write_text(PREP.replace("+ 1", "+ 2"))
+    code, text = invoke("run", str(job), "-q")
+    assert code == JobStateError.exit_code, text
+    assert "changed: preprocess.fn (prep.py)" in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param("{type: my_metrics.py:TopDecileLift}", id="custom"),
+        pytest.param("{type: my_metrics.py:TopDecileLift, by: g}", id="sliced"),
+    ],
+)
+def test_an_edited_custom_metric_file_is_a_changed_job(tmp_path: Path, spec: str) -> None:
+    job = _job_dir(tmp_path, f"metrics:\n  - {spec}\n")
+    code, text = invoke("run", str(job), "-q")
+    assert code == 0, text
+    assert invoke("run", str(job), "-q")[0] == 0
+    (tmp_path / "my_metrics.py").write_text(METRIC + "# counts rows\n")
+    code, text = invoke("run", str(job), "-q")
+    assert code == JobStateError.exit_code, text
+    assert "changed: metrics[0] (my_metrics.py)" in text
+
+
+# -- what the fingerprint covers -----------------------------------------------------------
+
+
+def _spec(tmp_path: Path, preprocess: str | None = None) -> JobSpec:
+    return JobSpec(
+        source=TableSource(pa.table({"id": [1, 2], "x": [1.0, 2.0]})),
+        models=(Model("m", f"{tmp_path / 'model.py'}:score", inputs=("id", "x")),),
+        preprocess=Preprocess(preprocess) if preprocess else None,
+    )
+
+
+def test_a_comment_only_edit_changes_the_fingerprint(tmp_path: Path) -> None:
+    _job_dir(tmp_path)
+    before = _spec(tmp_path).describe()
+    with open(tmp_path / "model.py", "a") as f:
+        f.write("# a comment\n")
+    after = _spec(tmp_path).describe()
+    assert describe_changes(before, after) == "models[0].fn (model.py)"
+
+
+def test_unrelated_files_and_installed_packages_are_not_covered(tmp_path: Path) -> None:
+    _job_dir(tmp_path)
+    spec = _spec(tmp_path, preprocess="chute.demo:tip_model")
+    code = spec.describe()["code"]
+    assert list(code) == ["models[0].fn"]  # not chute.demo: installed code is not covered
+    assert sorted(code["models[0].fn"]) == ["helpers.py", "model.py"]
+    before = spec.fingerprint()
+    (tmp_path / "prep.py").write_text("# not imported by the model\n")
+    (tmp_path / "data.json").write_text(json.dumps({"read": "at run time"}))
+    assert _spec(tmp_path, preprocess="chute.demo:tip_model").fingerprint() == before
+
+
+def test_a_function_given_in_python_is_covered_by_its_module_file(tmp_path: Path) -> None:
+    from tests.test_job import _job as job_with_defaults
+
+    code = job_with_defaults().describe()["code"]
+    assert set(code["models[0].fn"]) >= {"tests/test_job.py", "tests/__init__.py"}
+
+
+def test_changes_name_each_model_field() -> None:
+    before = {"models": [{"name": "a", "kwargs": {}}, {"name": "b", "inputs": ["x"]}], "x": 1}
+    after = {"models": [{"name": "a", "kwargs": {"k": 1}}, {"name": "b", "inputs": ["y"]}]}
+    assert describe_changes(before, after) == "models[0].kwargs, models[1].inputs, x"
