@@ -764,3 +764,48 @@ def test_image_columns_spread_into_features_for_tabular_models() -> None:
     matrix = column_matrix(column, "image")
     assert matrix.shape == (2, 12)
     assert (matrix == column.combine_chunks().to_numpy_ndarray().reshape(2, 12)).all()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dump", ["joblib", "pickle"])
+def test_a_pickle_named_skops_is_refused_by_its_first_bytes(
+    data: dict[str, Any], tmp_path: Path, dump: str
+) -> None:
+    import pickle
+
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression().fit(data["x"], data["binary"])
+    if dump == "joblib":
+        _pickled(tmp_path, clf, "clf.skops")
+    else:
+        (tmp_path / "clf.skops").write_bytes(pickle.dumps(clf))
+    _parquet(tmp_path, data)
+    job = _job(tmp_path, "{type: sklearn, path: clf.skops}")
+    for command in ("validate", "plan", "run"):
+        code, text = invoke(command, str(job))
+        assert code == 2, text
+        assert "is a pickle/joblib file" in text and "trust_pickle: true" in text
+        assert "--trust-pickle" in text
+    assert not (tmp_path / "out").exists()
+    code, text = invoke("run", str(job), "--trust-pickle", "-q")  # trusted: loads as a pickle
+    assert code == 0, text
+    result = pq.read_table(tmp_path / "out").sort_by("id").to_pandas()
+    x = data["table"].sort_by("id").to_pandas()[FEATURES].to_numpy()
+    np.testing.assert_array_equal(result["clf_label"], clf.predict(x))
+
+
+@pytest.mark.timeout(60)
+def test_features_sent_to_csv_are_refused_when_planned(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    from sklearn.decomposition import PCA
+
+    _skops(tmp_path, PCA(n_components=2).fit(data["x"]), "pca.skops")
+    _parquet(tmp_path, data)
+    job = _job(tmp_path, "{type: sklearn, path: pca.skops, method: transform}")
+    job.write_text(job.read_text().replace("output: out/", "output: {path: out/, format: csv}"))
+    code, text = invoke("validate", str(job))
+    assert code == 2, text
+    assert "column(s) 'clf_features' (a list per row)" in text
+    assert "Write Parquet or JSON Lines instead" in text

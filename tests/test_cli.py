@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -255,3 +256,40 @@ def test_report_prints_a_run_again_and_writes_its_html(job_dir: Path) -> None:
     assert "rows in / out │ 24,000 / 24,000" in out and "report.html" in out
     page = html.read_text()
     assert "rows committed over the run" in page and "<svg" in page
+
+
+def _model_only_job(folder: Path, input_: str, fmt: str = "parquet", carry: str = "[]") -> Path:
+    (folder / "models.py").write_text(MODELS)
+    job = folder / "job.yaml"
+    job.write_text(
+        f"input: {input_}\ncarryover: {carry}\nmodels:\n  - name: double\n"
+        f"    fn: models.py:double\n    inputs: [tip_score]\noutput: {{path: out, format: {fmt}}}\n"
+    )
+    return job
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_csv_is_named_as_empty(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "rows.csv").write_bytes(b"")
+    for where in ("in", "in/rows.csv"):
+        code, out = invoke("validate", str(_model_only_job(tmp_path, where)))
+        assert code == 3, out
+        assert f"input file '{tmp_path / 'in' / 'rows.csv'}' is empty (0 bytes)" in out
+        assert "no input files" not in out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["validate", "plan", "run"])
+def test_a_list_column_sent_to_csv_is_refused_before_any_compute(
+    tmp_path: Path, command: str
+) -> None:
+    (tmp_path / "in").mkdir()
+    table = pa.table({"tip_score": [0.5, 1.0], "emb": [[1.0, 2.0], [3.0, 4.0]]})
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    job = _model_only_job(tmp_path, "in", fmt="csv", carry="[emb, tip_score]")
+    code, out = invoke(command, str(job))
+    assert code == 2, out
+    assert "column(s) 'emb' (list<" in out
+    assert "Write Parquet or JSON Lines instead" in out
+    assert not (tmp_path / "out").exists()

@@ -131,3 +131,17 @@ def test_an_unknown_metric_type_is_named_with_a_suggestion() -> None:
     raw = {**BASE, "metrics": [{"type": "auc_rc", "label": "y", "score": "m_p"}]}
     with pytest.raises(ConfigError, match=r"metrics\[0\]: .*Did you mean 'auc_roc'"):
         job_from_dict(raw)
+
+
+@pytest.mark.parametrize("value", ["lots", 0, "12 parsecs"])
+def test_a_bad_batch_size_names_the_key_and_the_forms(value: Any) -> None:
+    raw = {
+        "input": "data/",
+        "models": [{"name": "m", "fn": "chute.demo:tip_model", "batch_size": value}],
+        "output": "out/",
+    }
+    with pytest.raises(ConfigError) as info:
+        job_from_dict(raw)
+    text = str(info.value)
+    assert text.startswith(f"models[0].batch_size: {value!r} is not a batch size")
+    assert "rows (an int" in text and "'8MiB'" in text and "'auto'" in text

@@ -771,3 +771,13 @@ def test_spec_with_by_is_sliced_and_keeps_its_options(table: pa.Table) -> None:
 def test_bad_specs_raise_config_errors(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         metric_from_spec(spec)
+
+
+def test_a_slice_keeps_null_and_the_string_null_apart() -> None:
+    values = [None, "null", "a", "null", None, None, '"null"', "b"]
+    table = pa.table({"g": values, "y": [float(i) for i in range(len(values))]})
+    sliced = Sliced(ColumnStats("y", name="count"), by="g")
+    result = sliced.result(sliced.update(sliced.init(), table))
+    counts = {label: group["count"] for label, group in result["groups"].items()}
+    assert counts == {"null": 3, '"null"': 2, "a": 1, '"\\"null\\""': 1, "b": 1}
+    assert result["all"]["count"] == len(values)

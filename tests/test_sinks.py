@@ -23,6 +23,7 @@ from chute.sinks import (
     records_to_table,
     runs,
 )
+from chute.sources import TableSource
 from chute.stages import KEY, decode, tag
 
 
@@ -199,3 +200,94 @@ def test_output_columns_never_take_an_input_column_for_a_model_output() -> None:
     assert output.columns(["x", "tip_amount", KEY, "tip", "tip_p"]) == ["tip", "tip_p"]
     carried = Output(None, ("tip_amount",), ("tip",), source_columns=("tip_amount", "x"))
     assert carried.columns(["x", "tip_amount", "tip"]) == ["tip_amount", "tip"]
+
+
+# -- faithful output ----------------------------------------------------------------------
+
+
+def _floats(n: int = 2_000) -> np.ndarray:
+    """Random float64 values of every magnitude, with subnormals, extremes and -0.0."""
+    rng = np.random.default_rng(12)
+    bits = rng.integers(0, 2**63, n, dtype=np.uint64) | (rng.integers(0, 2, n, np.uint64) << 63)
+    values = bits.view(np.float64)
+    values = values[np.isfinite(values)]
+    special = [5e-324, 2.2250738585072014e-308 / 3, 1e308, -1e308, -0.0, 0.0]
+    return np.concatenate([special, [-1.8644377440187592, 0.1, 1 / 3], values])
+
+
+def echo(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model output is the input, unchanged."""
+    return {"v": batch["x"]}
+
+
+def _same_bits(got: list[float | None], want: np.ndarray) -> None:
+    got_bits = np.asarray(got, np.float64).view(np.uint64)
+    np.testing.assert_array_equal(got_bits, want.view(np.uint64))
+
+
+@pytest.mark.timeout(300)
+def test_jsonl_output_keeps_every_float_exactly(engine: str, tmp_path: Path) -> None:
+    import chute
+
+    values = _floats()
+    table = pa.table({"id": np.arange(len(values)), "x": values})
+    model = chute.Model("m", echo, inputs=("x",), batch_format="numpy")
+    out = tmp_path / "out"
+    chute.Job(
+        source=TableSource(table),
+        models=[model],
+        carryover=["id", "x"],
+        engine=engine,
+        output=Sink(str(out), "jsonl"),
+    ).run()
+
+    rows = sorted(
+        (json.loads(line) for p in out.glob("part-*.jsonl") for line in p.read_text().splitlines()),
+        key=lambda r: r["id"],
+    )
+    assert [r["id"] for r in rows] == list(range(len(values)))
+    _same_bits([r["x"] for r in rows], values)  # carried over
+    _same_bits([r["m_v"] for r in rows], values)  # a model output
+
+
+def test_jsonl_writes_nan_and_infinity_as_null_and_keeps_float32_short() -> None:
+    from chute.sinks import encode
+
+    table = pa.table(
+        {
+            "f": [float("nan"), float("inf"), -float("inf"), None, 1.5],
+            "f32": pa.array([0.1, None, 2.5, 3.0, float("nan")], pa.float32()),
+            "s": ['a"b', "c\\d", None, "e\nf", "null"],
+            "l": [[1.0, float("nan")], None, [], [0.1], [2.0]],
+        }
+    )
+    rows = [json.loads(line) for line in encode(table, "jsonl").decode().splitlines()]
+    assert [r["f"] for r in rows] == [None, None, None, None, 1.5]
+    assert [r["f32"] for r in rows] == [0.1, None, 2.5, 3.0, None]
+    assert [r["s"] for r in rows] == ['a"b', "c\\d", None, "e\nf", "null"]
+    assert [r["l"] for r in rows] == [[1.0, None], None, [], [0.1], [2.0]]
+
+
+def tensor(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """One list of two floats per row: a column CSV cannot hold."""
+    return np.stack([batch["x"], batch["x"]], axis=1)
+
+
+@pytest.mark.timeout(300)
+def test_a_list_column_the_plan_cannot_see_is_refused_by_the_csv_writer(
+    engine: str, tmp_path: Path
+) -> None:
+    import chute
+    from chute.errors import ConfigError
+
+    table = pa.table({"id": np.arange(100), "x": np.arange(100, dtype=np.float64)})
+    model = chute.Model("m", tensor, inputs=("x",), batch_format="numpy")
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=TableSource(table), models=[model], engine=engine, output=Sink(str(out), "csv")
+    )
+    with pytest.raises(ConfigError) as info:
+        job.run()
+    assert "column(s) 'm'" in str(info.value)
+    assert "Write Parquet or JSON Lines instead" in str(info.value)
+    assert not list(out.glob("part-*"))

@@ -501,3 +501,12 @@ def test_preprocess_error_is_a_model_error() -> None:
     stage = PreprocessStage(Preprocess(lambda b: 1 / 0), ["x"], [])
     with pytest.raises(ModelError, match="preprocess raised ZeroDivisionError"):
         stage(_batch())
+
+
+def test_a_model_that_returns_none_is_told_what_to_return() -> None:
+    with pytest.raises(ModelError) as info:
+        to_columns(None, "m", 3, "model 'm'")
+    assert str(info.value) == (
+        "model 'm' returned None; return a dict of columns, a DataFrame, an Arrow table or an "
+        "array."
+    )

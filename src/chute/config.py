@@ -264,13 +264,29 @@ def _preprocess(config: PreprocessConfig | None, base: str) -> Preprocess | None
 
 
 def _model(index: int, config: ModelConfig, base: str, overrides: dict[str, Any]) -> Model:
+    where = "--batch-size" if "batch_size" in overrides else f"models[{index}].batch_size"
+    batch_size = _batch_size(overrides.get("batch_size", config.batch_size), where)
     try:
-        return _make_model(config, base, overrides)
+        return _make_model(config, base, overrides, batch_size)
     except ConfigError as exc:
         raise ConfigError(f"models[{index}] ({config.name}): {exc}") from exc
 
 
-def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Model:
+def _batch_size(value: int | str, where: str) -> BatchSize:
+    """The batch size, or an error naming the key and the forms it takes."""
+    try:
+        return BatchSize.parse(value)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{where}: {value!r} is not a batch size ({str(exc).rstrip('.')}). Give rows "
+            "(an int, e.g. 16384), a size in bytes of the model's input columns (e.g. '8MiB' "
+            "or '1GB'), or 'auto'."
+        ) from exc
+
+
+def _make_model(
+    config: ModelConfig, base: str, overrides: dict[str, Any], batch_size: BatchSize
+) -> Model:
     pool = overrides.get("pool", config.pool)
     res = config.resources
     return Model(
@@ -278,7 +294,7 @@ def _make_model(config: ModelConfig, base: str, overrides: dict[str, Any]) -> Mo
         fn=_model_fn(config, base, overrides.get("trust_pickle", False)),
         inputs=tuple(config.inputs) if config.inputs is not None else None,
         batch_format=config.batch_format,
-        batch_size=BatchSize.parse(overrides.get("batch_size", config.batch_size)),
+        batch_size=batch_size,
         resources=Resources(
             cpus=res.cpus,
             gpus=res.gpus,

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
+from chute.formats import csv_error, nested
 from chute.job import BatchFormat, JobSpec, Model
 from chute.models import AdapterSpec
 from chute.sinks import Output
@@ -174,6 +175,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
         _check_adapter(model)
     schema = job.source.schema()
     carry = _carryover(job, schema)
+    _check_csv(job, schema, carry)
     read_columns = _read_columns(job, schema, carry)
     units = job.source.plan()
     if not units:
@@ -197,6 +199,20 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     )
     plan.reference = readable[0].path or readable[0].id
     return plan
+
+
+def _check_csv(job: JobSpec, schema: pa.Schema, carry: list[str]) -> None:
+    """CSV output cannot hold list or tensor columns: refuse those known now (carried
+    input columns, adapter outputs that are always lists); the writer refuses the rest."""
+    if job.output is None or job.output.format != "csv":
+        return
+    bad = [(c, schema.field(c).type) for c in carry if nested(schema.field(c).type)]
+    for model in job.models:
+        if isinstance(model.fn, AdapterSpec):
+            listed = model.fn.load_class().list_outputs(model.fn.options)
+            bad += [(f"{model.name}_{name}", "a list per row") for name in listed]
+    if bad:
+        raise csv_error(bad)
 
 
 def _check_adapter(model: Model) -> None:

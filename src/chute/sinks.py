@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chute.evaluation import Evaluation
+from chute.formats import check_csv, to_jsonl
 from chute.job import Sink
 from chute.retry import retrying
 from chute.stages import (
@@ -264,9 +265,10 @@ def encode(table: pa.Table, fmt: str) -> bytes:
         # the rest of the encoding. Carried-over keys and labels keep theirs.
         pq.write_table(table, buf, use_dictionary=_dictionary_columns(table.schema))
     elif fmt == "csv":
+        check_csv(table.schema)  # a list column the plan could not foresee
         pacsv.write_csv(table, buf)
     else:
-        table.to_pandas().to_json(buf, orient="records", lines=True, date_format="iso")
+        return to_jsonl(table)
     return buf.getvalue()
 
 

@@ -65,6 +65,11 @@ def _to_numpy(column: pa.ChunkedArray) -> np.ndarray:
 
 def to_columns(out: Any, prefix: str | None, num_rows: int, who: str) -> dict[str, pa.Array]:
     """Normalize what a user function returned into named Arrow arrays of ``num_rows``."""
+    if out is None:
+        raise ModelError(
+            f"{who} returned None; return a dict of columns, a DataFrame, an Arrow table or "
+            "an array."
+        )
     if isinstance(out, (pa.Table, pa.RecordBatch)):
         items: list[tuple[str | None, Any]] = list(zip(out.column_names, out.columns, strict=True))
     elif isinstance(out, dict):

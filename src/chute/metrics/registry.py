@@ -33,7 +33,8 @@ class Sliced(Metric):
     """One state of ``metric`` per value of the column ``by`` (null is a value too).
 
     The result holds ``all`` (the merge of every group, so the unsliced metric) and
-    ``groups``, keyed by the value (non-strings as JSON, null as ``"null"``). More than
+    ``groups``, keyed by the value (strings as they are, other values as JSON, null as
+    ``null``, the string "null" as ``'"null"'``: see :func:`_group_label`). More than
     ``max_groups`` values raise ``ConfigError``: slice by a low-cardinality column.
 
     >>> Sliced(AucRoc(label="is_tip", score="tip_score"), by="payment_type")
@@ -96,8 +97,14 @@ class Sliced(Metric):
 
 
 def _group_label(key: str) -> str:
+    """A group's name in the result: a string as it is, any other value as JSON, null as
+    ``null``. A string that would read like null, or like JSON text (the string ``"null"``,
+    one starting with a quote), is shown as JSON, quotes included, so that no two groups
+    share a name."""
     value = json.loads(key)
-    return value if isinstance(value, str) else key
+    if not isinstance(value, str):
+        return key
+    return key if value == "null" or value.startswith('"') else value
 
 
 # -- custom metrics and the registry -----------------------------------------------------

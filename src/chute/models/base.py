@@ -89,6 +89,13 @@ class Adapter:
             refuse_untrusted(cls.kind, options["path"], options)
 
     @classmethod
+    def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
+        """Output columns (unprefixed, after ``outputs:`` renames) that hold lists or tensors
+        whatever the model file says: the plan refuses them for CSV output. Default: none
+        known before the model loads."""
+        return []
+
+    @classmethod
     def preparer(cls, model: str, options: Mapping[str, Any]) -> Callable[[pa.Table], Any] | None:
         """A CPU step (tokenization, image decoding) that chute runs before the model stage,
         on CPU workers, so that GPU replicas get tensors. It maps the model's input columns

@@ -100,6 +100,14 @@ class FileAdapter(Adapter):
                 )
 
 
+def renamed(names: Sequence[str], options: Mapping[str, Any]) -> list[str]:
+    """Output names after the ``outputs:`` option's renames (``None`` drops one)."""
+    renames = options.get("outputs") or {}
+    if not isinstance(renames, Mapping):
+        return list(names)
+    return [str(new) for name in names if (new := renames.get(name, name)) is not None]
+
+
 def rename(columns: Mapping[str, Any], renames: Mapping[str, str | None]) -> dict[str, Any]:
     """Apply ``outputs:``: rename columns, drop those mapped to ``None``."""
     out: dict[str, Any] = {}

@@ -20,7 +20,10 @@ from chute.errors import ConfigError
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".pck", ".joblib", ".jbl", ".sav")
 """Names that say "pickle" (``model.joblib.gz`` counts: the suffix may precede another)."""
 SAFE_SUFFIXES = (".safetensors", ".onnx", ".skops", ".keras", ".json", ".ubj", ".txt")
-"""Formats that never hold a pickle of their own (their bytes are not sniffed)."""
+"""Formats that never hold a pickle of their own: a file so named is still sniffed, since a
+name proves nothing (a pickle renamed ``model.skops`` is refused)."""
+_ZIP = (b"PK\x03\x04", b"PK\x05\x06")
+"""skops and Keras files are zip archives."""
 SAFE_FORMATS = (
     "skops (.skops) for scikit-learn, ONNX (.onnx), native booster files (XGBoost .json/.ubj, "
     "LightGBM .txt), safetensors (.safetensors) or TorchScript (.pt from torch.jit.save)"
@@ -42,11 +45,21 @@ def is_pickle(path: str) -> bool:
     name = os.path.basename(path).lower()
     if any(f"{suffix}." in name or name.endswith(suffix) for suffix in PICKLE_SUFFIXES):
         return True
-    if name.endswith(SAFE_SUFFIXES) or "://" in path or not os.path.isfile(path):
+    if "://" in path or not os.path.isfile(path):
         return False
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(16)
+    if _own_header(name, head):
+        return False
     return _pickle_header(head) or head.startswith(_COMPRESSED) or _zlib_header(head)
+
+
+def _own_header(name: str, head: bytes) -> bool:
+    """Whether a safe format's file starts as that format does (safetensors: an 8-byte
+    header length, then its JSON header; skops and Keras: a zip archive)."""
+    if name.endswith((".skops", ".keras")):
+        return head.startswith(_ZIP)
+    return name.endswith(".safetensors") and head[8:9] == b"{"
 
 
 def _pickle_header(head: bytes) -> bool:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError
 from chute.models.base import Adapter, ReplicaContext
-from chute.models.common import rename
+from chute.models.common import rename, renamed
 from chute.models.torchmodel import check_options, fixed_size_list
 
 
@@ -53,6 +53,11 @@ class SentenceTransformersAdapter(Adapter):
         """Known options and a ``path`` (before anything loads)."""
         super().check(options)
         check_options(cls.kind, options, ("path", "normalize", "batch_size", "outputs"))
+
+    @classmethod
+    def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
+        """``embedding``: a fixed-size list per row."""
+        return renamed(["embedding"], options)
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         super().__init__(context, **options)

@@ -38,8 +38,9 @@ from chute.models.common import (
     classify,
     feature_matrix,
     float32_rows,
+    renamed,
 )
-from chute.models.pickles import load_pickle, untrusted_error
+from chute.models.pickles import is_pickle, load_pickle, untrusted_error
 
 METHODS = ("auto", "predict", "predict_proba", "decision_function", "transform")
 INPUT_FORMATS = ("auto", "numpy", "pandas")
@@ -65,6 +66,11 @@ class SklearnAdapter(FileAdapter):
         path = str(options["path"])
         if not path.endswith(".skops") and not options.get("trust_pickle", False):
             raise untrusted_error(cls.kind, path)
+
+    @classmethod
+    def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
+        """``transform`` gives ``features``, a list per row."""
+        return renamed(["features"], options) if options.get("method") == "transform" else []
 
     def load(self) -> None:
         self.estimator = _load_estimator(self.path, self.options)
@@ -97,7 +103,7 @@ class SklearnAdapter(FileAdapter):
 
 
 def _load_estimator(path: str, options: Mapping[str, Any]) -> Any:
-    if not path.endswith(".skops"):
+    if not path.endswith(".skops") or is_pickle(path):  # a trusted pickle, whatever its name
         return load_pickle(SklearnAdapter.kind, path, options)
     import skops.io
 

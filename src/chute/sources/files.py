@@ -82,6 +82,22 @@ def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInf
     return sorted(files, key=lambda i: i.path)
 
 
+def _empty_files(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    """The 0-byte files of a directory (what :func:`_listing` leaves out)."""
+    if _has_glob(path) or fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    return [i for i in infos if i.is_file and not i.size and not _hidden(i.path[len(path) :])]
+
+
+def _empty_error(path: str, count: int) -> DataError:
+    others = f" (and {count - 1} more empty file(s))" if count > 1 else ""
+    return DataError(
+        f"input file {redact(path)!r} is empty (0 bytes){others}: there is nothing to read. "
+        "Check that the file was written completely, or remove it."
+    )
+
+
 def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
@@ -144,12 +160,23 @@ class FileSource:
                 self._fs = fs
                 found.extend(_list_files(fs, path, original))
             if not found:
-                where = ", ".join(redact(p) for p in self.paths)
-                raise DataError(f"no input files under {where}: nothing to do.")
+                raise self._nothing_found()
             self._stamps = {i.path: (i.size, i.mtime_ns) for i in found}
             self._files = [i.path for i in found]
             self.format = self.format or self._infer_format(self._files)
         return self._files
+
+    def _nothing_found(self) -> DataError:
+        """No file with bytes: name the empty ones (a listing skips them), if any."""
+        empty = [
+            i.path
+            for original in self.paths
+            for i in _empty_files(*_filesystem(original, self.storage))
+        ]
+        if empty:
+            return _empty_error(empty[0], len(empty))
+        where = ", ".join(redact(p) for p in self.paths)
+        return DataError(f"no input files under {where}: nothing to do.")
 
     def _infer_format(self, files: list[str]) -> str:
         formats = {_format_of(f) for f in files}
@@ -186,6 +213,8 @@ class FileSource:
 
     def _schema_of(self, path: str) -> tuple[pa.Schema, int | None]:
         """A file's columns, and its rows where that took reading them (CSV, JSON Lines)."""
+        if self._stamps.get(path, (None, None))[0] == 0:
+            raise _empty_error(path, 1)
         try:
             if self.format == "parquet":
                 return retrying(lambda: pq.read_schema(self._open(path)), f"reading {path}"), None

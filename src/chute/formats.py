@@ -1,0 +1,144 @@
+"""What the output formats can hold, and JSON Lines written faithfully.
+
+JSON Lines keeps every float exactly: a float is written as the shortest text that reads
+back as the same number (``repr``; float32 values as float32), so ``-1.8644377440187592``
+stays ``-1.8644377440187592``. NaN and ±infinity, which JSON cannot hold, are written as
+``null``, like a missing value. Timestamps are ISO 8601 strings, dates ``YYYY-MM-DD``;
+lists and structs are JSON arrays and objects.
+
+CSV holds flat columns only: a list, tensor or struct column cannot be written to it
+(:func:`csv_error`, raised when the job is planned where the column is known, else by
+the writer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from chute.errors import ConfigError
+
+NULL = "null"
+
+
+def nested(kind: pa.DataType) -> bool:
+    """Whether a column of ``kind`` holds lists, tensors, structs or maps."""
+    if isinstance(kind, pa.ExtensionType):
+        return nested(kind.storage_type)
+    return bool(pa.types.is_nested(kind))
+
+
+def csv_error(columns: Iterable[tuple[str, pa.DataType | str]]) -> ConfigError:
+    """CSV cannot hold these columns: name them and the formats that can."""
+    named = ", ".join(f"{name!r} ({kind})" for name, kind in columns)
+    return ConfigError(
+        f"the output format is csv, but column(s) {named} hold lists or tensors, which CSV "
+        "cannot hold. Write Parquet or JSON Lines instead (output: {path: …, format: parquet} "
+        "or format: jsonl), or leave the column out of the output."
+    )
+
+
+def check_csv(schema: pa.Schema) -> None:
+    """Raise :func:`csv_error` for the nested columns of ``schema``, if any."""
+    bad = [(f.name, f.type) for f in schema if nested(f.type)]
+    if bad:
+        raise csv_error(bad)
+
+
+def to_jsonl(table: pa.Table) -> bytes:
+    """The rows of ``table`` as JSON Lines, one object per row, floats exact."""
+    if table.num_rows == 0:
+        return b""
+    pieces: list[Any] = []
+    for i, name in enumerate(table.column_names):
+        pieces.append(("{" if i == 0 else ",") + json.dumps(name) + ":")
+        pieces.append(_json_values(table.column(name).combine_chunks()))
+    pieces.append("}\n")
+    rows = pc.binary_join_element_wise(*pieces, "")
+    return _concatenated(rows)
+
+
+def _concatenated(rows: pa.Array) -> bytes:
+    """The values of a string array without nulls, one after another (its data buffer)."""
+    width = np.int64 if pa.types.is_large_string(rows.type) else np.int32
+    offsets = np.frombuffer(rows.buffers()[1], width)[rows.offset : rows.offset + len(rows) + 1]
+    start, end = int(offsets[0]), int(offsets[-1])
+    return bytes(rows.buffers()[2].slice(start, end - start).to_pybytes())
+
+
+def _json_values(array: pa.Array) -> pa.Array:
+    """One JSON text per value (``null`` for missing ones), as a string array."""
+    kind = array.type
+    if isinstance(kind, pa.ExtensionType):
+        array, kind = array.storage, kind.storage_type
+    if pa.types.is_dictionary(kind):
+        return _json_values(array.dictionary_decode())
+    if pa.types.is_floating(kind):
+        text = _float_text(array)
+    elif pa.types.is_integer(kind):
+        text = pc.cast(array, pa.string())
+    elif pa.types.is_boolean(kind):
+        text = pc.if_else(array, "true", "false")
+    elif pa.types.is_null(kind):
+        return pa.array([NULL] * len(array), pa.string())
+    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and _plain_text(array):
+        escaped = pc.replace_substring(pc.replace_substring(array, "\\", "\\\\"), '"', '\\"')
+        text = pc.cast(pc.binary_join_element_wise('"', escaped, '"', ""), pa.string())
+    else:
+        text = pa.array([_dumps(v) for v in _plain(array)], pa.string())
+    return pc.fill_null(text, NULL)
+
+
+def _plain_text(array: pa.Array) -> bool:
+    """Whether no string holds a control character (those need ``\\u`` escapes)."""
+    return not pc.any(pc.match_substring_regex(array, "[\\x00-\\x1f]")).as_py()
+
+
+def _float_text(array: pa.Array) -> pa.Array:
+    """Floats as their shortest round-trip text; NaN and infinities as null."""
+    values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False))
+    if values.dtype == np.float64:
+        text = pa.array([repr(v) for v in values.tolist()], pa.string())
+    else:  # float32 and float16: the shortest text that reads back as the same float32
+        text = pa.array(values.astype(np.float32).astype(str).astype(object), pa.string())
+    finite = pa.array(np.isfinite(values)) if values.size else pa.array([], pa.bool_())
+    return pc.if_else(pc.and_(finite, array.is_valid()), text, pa.scalar(None, pa.string()))
+
+
+def _plain(array: pa.Array) -> list[Any]:
+    """Python values of any other column: temporal values as ISO text, NaN as None."""
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        zone = "%z" if kind.tz else ""
+        return list(pc.strftime(array, format=f"%Y-%m-%dT%H:%M:%S{zone}").to_pylist())
+    if pa.types.is_date(kind) or pa.types.is_time(kind):
+        return list(pc.cast(array, pa.string()).to_pylist())
+    return [_finite(v) for v in array.to_pylist()]
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities (at any depth) made None."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, tuple):  # a map's (key, value) pairs
+        return [_finite(v) for v in value]
+    return value
+
+
+def _dumps(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="backslashreplace")
+    return json.dumps(
+        value, default=str, allow_nan=False, ensure_ascii=False, separators=(",", ":")
+    )
