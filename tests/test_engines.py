@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 import chute
 import chute.demo
+from chute.engines.ray import live_pool_actors
 from chute.sources import Unit
 
 TEXT_COLUMNS = ["trip_id", "vendor_id", "passenger_count", "fare_amount", "trip_distance"]
@@ -819,26 +819,33 @@ def test_large_constructor_argument(engine: str, taxi_dir: Path, tmp_path: Path)
         assert set(constructions) == {"read-only"}
 
 
-def all_cpus_free(ray: Any, wait: float = 20.0) -> bool:
-    """Whether the session Ray's 2 CPUs are free again (actors are killed asynchronously)."""
-    deadline = time.monotonic() + wait
-    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return bool(ray.available_resources().get("CPU", 0) == 2)
+def all_cpus_free(ray: Any) -> bool:
+    """Whether the session Ray's 2 CPUs are free and no pool actor of this driver lives.
+
+    No waiting here: a run returns only once its actors have exited and Ray shows their
+    CPUs free again (:func:`chute.engines.ray.released`), so this holds the moment it does.
+    """
+    return live_pool_actors() == 0 and ray.available_resources().get("CPU", 0) == 2
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(240)  # the engine waits up to 70 s per run for its actors to go
 def test_ray_run_gives_its_cpus_back(ray_session: Any, taxi_dir: Path) -> None:
     # Otherwise the next run in this process (a notebook) finds CPUs taken: its reads
     # starve and it hangs.
     tip_job(taxi_dir, None, "ray", pool=chute.Pool.fixed(2)).run()
-    assert all_cpus_free(ray_session), "CPUs still held after a finished run"
+    assert all_cpus_free(ray_session), (
+        f"CPUs still held after a finished run: {ray_session.available_resources()}, "
+        f"{live_pool_actors()} pool actor(s) alive"
+    )
 
     model = chute.Model("fragile", fails_on_big_trips, inputs=("trip_id",), batch_format="numpy")
     with pytest.raises(chute.ModelError) as excinfo:
         taxi_job(taxi_dir, [model], "ray").run()
     # A notebook keeps its last exception: it must not keep the failed run's actors.
-    assert all_cpus_free(ray_session), "CPUs still held after a failed run"
+    assert all_cpus_free(ray_session), (
+        f"CPUs still held after a failed run: {ray_session.available_resources()}, "
+        f"{live_pool_actors()} pool actor(s) alive"
+    )
     assert "'fragile'" in str(excinfo.value)
 
 

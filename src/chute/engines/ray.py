@@ -14,10 +14,12 @@ are planned by :mod:`chute.engines.resources` so that reads can never starve.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -464,7 +466,13 @@ def released() -> Iterator[None]:
     before = _free(ray.available_resources())
     try:
         yield
+    except BaseException as exc:
+        # The frames a failed run's error passed through hold its dataset, and through it
+        # the tasks in flight on its actors: the actors would live as long as the error.
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
+        gc.collect()  # Ray Data's executor and operators hold each other: a cycle to free
         _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
         _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
 
