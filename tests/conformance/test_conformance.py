@@ -278,10 +278,15 @@ def test_killed_on_one_engine_resumed_on_another_ends_exactly_once(
     job = write_job(tmp_path / "job.yaml", unit_data, str(out), gate, metrics=METRICS)
     driver = start_driver(job, driver_env(), "--engine", first)
     try:
-        held = wait_for(lambda: gate.with_suffix(".reached").exists(), driver, 120)
-        assert held, driver.communicate(timeout=30)[1][-3000:]
+        # held at the gate, and the two free units committed (writers do not wait for it)
+        def held() -> bool:
+            reached = gate.with_suffix(".reached").exists()
+            return reached and len(Ledger(*resolve(str(out))).read_entries()) >= 2
+
+        if not wait_for(held, driver, 120):
+            driver.kill()
+            pytest.fail(driver.communicate(timeout=30)[1][-3000:])
         done = Ledger(*resolve(str(out))).read_entries()
-        assert len(done) >= 2
     finally:
         reap(driver)
     gate.touch()
