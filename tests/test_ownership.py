@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -96,9 +97,7 @@ def check_exactly_once(out: str) -> dict[str, Any]:
     return report
 
 
-def pyarrow_selector(root: str) -> Any:
-    import pyarrow.fs as pafs
-
+def pyarrow_selector(root: str) -> pafs.FileSelector:
     return pafs.FileSelector(root)
 
 

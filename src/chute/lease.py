@@ -29,7 +29,6 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from functools import partial
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -224,7 +223,7 @@ class Lease:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.delete_file(path)
 
-        retrying(partial(delete), f"removing {path}")
+        retrying(delete, f"removing {path}")
 
 
 def _boot_id() -> str:
