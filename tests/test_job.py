@@ -319,7 +319,7 @@ def test_fingerprint_changes_with_constructor_arguments() -> None:
 
 
 def test_big_arrays_are_described_by_shape_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("chute.job.HASHED_ARRAY_BYTES", 1000)
+    monkeypatch.setattr("chute.job.fingerprint.HASHED_ARRAY_BYTES", 1000)
 
     def job(*args: Any) -> str:
         return _job(models=(Model("a", Scorer, inputs=("x",), args=args),)).fingerprint()

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from chute import engines
 from chute.api import Job
 from chute.errors import ChuteError
 from chute.job import Pool
@@ -61,7 +62,7 @@ def job_options(fn: F) -> F:
         click.option("--batch-size", help="Batch size for every model: rows, or a size like 8MiB."),
         click.option("--pool", type=click.IntRange(min=1), help="Fixed pool size for every model."),
         click.option(
-            "--engine", type=click.Choice(["auto", "local", "ray"]), help="Engine to use."
+            "--engine", type=click.Choice([engines.AUTO, *engines.names()]), help="Engine to use."
         ),
         click.option("--address", envvar="RAY_ADDRESS", help="Ray cluster address (implies ray)."),
         click.option(
@@ -203,7 +204,7 @@ def _location(output: str) -> tuple[str, Any]:
     default=None,
     help="Rows to generate (default: 1,710,629, as in the 2009 taxi sample).",
 )
-@click.option("--engine", type=click.Choice(["auto", "local", "ray"]), default="auto")
+@click.option("--engine", type=click.Choice([engines.AUTO, *engines.names()]), default="auto")
 @click.option("-v", "--verbose", is_flag=True, help="Show Ray's own progress bars and logs.")
 @handle_errors
 def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:

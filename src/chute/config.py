@@ -24,8 +24,10 @@ import os
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
+from chute import engines
 from chute.api import Job
 from chute.errors import ChuteError, ConfigError, did_you_mean
 from chute.job import (
@@ -119,7 +121,8 @@ class JobConfig(_Strict):
     carryover: list[str] = []
     preprocess: PreprocessConfig | None = None
     output: OutputConfig
-    engine: Literal["auto", "local", "ray"] = "auto"
+    engine: str = "auto"
+    """``auto`` or a registered engine (:data:`chute.engines.ENGINES`)."""
     address: str | None = None
     on_bad_input: Literal["fail", "skip"] = "fail"
     metrics: list[dict[str, Any]] = []
@@ -128,6 +131,15 @@ class JobConfig(_Strict):
     runtime_env: dict[str, Any] = {}
     """Ray's runtime environment; ``working_dir`` defaults to the job file's directory when
     the job names code that lives there (``working_dir: null`` ships nothing)."""
+
+    @field_validator("engine")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        allowed = (engines.AUTO, *engines.names())
+        if name not in allowed:
+            hint = did_you_mean(name, allowed)
+            raise PydanticCustomError("engine", f"not one of {', '.join(allowed)}.{hint}")
+        return name
 
 
 def load_job(path: str, **overrides: Any) -> Job:

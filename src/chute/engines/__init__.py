@@ -81,13 +81,26 @@ def names() -> tuple[str, ...]:
     return tuple(ENGINES)
 
 
+AUTO = "auto"
+"""The engine name that lets :func:`choose` pick."""
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is ``auto`` or a registered engine; else a :class:`ConfigError` that
+    lists them, with a did-you-mean."""
+    allowed = (AUTO, *ENGINES)
+    if name not in allowed:
+        raise ConfigError(
+            f"engine {name!r} is not one of {', '.join(allowed)}.{did_you_mean(name, allowed)}"
+        )
+    return name
+
+
 def create(name: str, options: EngineOptions | None = None) -> Engine:
     """The engine called ``name``, its module imported now."""
-    entry = ENGINES.get(name)
-    if entry is None:
-        raise ConfigError(
-            f"engine {name!r} is not one of {', '.join(ENGINES)}.{did_you_mean(name, ENGINES)}"
-        )
+    if check_name(name) == AUTO:
+        raise ValueError("'auto' names no engine: pass the name choose() returns")
+    entry = ENGINES[name]
     if entry.requires and importlib.util.find_spec(entry.requires) is None:
         raise ConfigError(
             f"the {name} engine needs {entry.requires}, which is not installed: "
@@ -100,7 +113,7 @@ def create(name: str, options: EngineOptions | None = None) -> Engine:
 
 def choose(job: JobSpec) -> tuple[str, str]:
     """Which engine runs ``job``, and why (``chute plan`` and the report say it)."""
-    if job.engine != "auto":
+    if check_name(job.engine) != AUTO:
         return job.engine, f"the job asks for the {job.engine} engine"
     if job.address:
         return "ray", f"a cluster address was given ({job.address})"

@@ -1,0 +1,199 @@
+"""The Ray engine: maps a plan onto Ray Data operators and streams part records back."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from chute.engines import EngineOptions, carried
+from chute.engines.ray.operators import (
+    ModelActor,
+    ObjectStoreSource,
+    PrepareTask,
+    PreprocessTask,
+    UnitDatasource,
+    in_object_store,
+)
+from chute.engines.ray.release import drop_frames, released
+from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable
+from chute.engines.resources import Cluster, StageResources, plan_resources
+from chute.errors import ChuteError
+from chute.plan import Plan, Reader, StagePlan
+from chute.raydata import quiet_data
+from chute.report import StageStats
+from chute.sinks import Output, PartRecord, records_from_table
+from chute.sources import DatasetSource, TableSource
+from chute.stages import PrepareStage, preparer
+
+
+class RayEngine:
+    """Runs a plan with Ray Data on a local Ray or on the cluster at ``address``."""
+
+    def __init__(self, address: str | None = None, verbose: bool = False) -> None:
+        self.address = address
+        self.verbose = verbose
+        self.shipped: str | None = None
+        """The job directory the workers run in, when Ray ships it (see :func:`init_ray`)."""
+
+    @classmethod
+    def from_options(cls, options: EngineOptions) -> RayEngine:
+        """The engine the registry makes."""
+        return cls(address=options.address, verbose=options.verbose)
+
+    def prepare(self, plan: Plan) -> None:
+        """Connect, and fail before anything is written if the cluster cannot run the plan."""
+        self.resources(plan)
+
+    def stage_resources(self, plan: Plan) -> tuple[list[StageResources], str]:
+        """As :meth:`resources` would plan them: on the cluster when there is an address,
+        else on the local Ray this machine would start (without starting it)."""
+        models = [s.model for s in plan.stages]
+        if self.address or os.environ.get("RAY_ADDRESS"):
+            init_ray(self.address, verbose=False)
+            found = cluster()
+            return plan_resources(models, found), (
+                f"Ray cluster with {found.cpus:g} CPUs, {found.gpus:g} GPUs"
+            )
+        here = Cluster(cpus=float(os.cpu_count() or 1))
+        return plan_resources(models, here), f"a local Ray on this machine ({here.cpus:g} CPUs)"
+
+    def resources(self, plan: Plan) -> list[StageResources]:
+        self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
+        return plan_resources([s.model for s in plan.stages], cluster())
+
+    def execute(
+        self, plan: Plan, commit: Callable[[list[PartRecord]], None]
+    ) -> dict[str, StageStats]:
+
+        resources = self.resources(plan)
+        totals: dict[str, dict[str, float]] = {}
+        with released(), quiet_data(self.verbose):
+            self._stream(self._dataset(plan, resources), commit, totals)
+        return carried.stage_stats(totals)
+
+    def _stream(
+        self,
+        dataset: Any,
+        commit: Callable[[list[PartRecord]], None],
+        totals: dict[str, dict[str, float]],
+    ) -> None:
+        """Hand every part record to ``commit`` and sum the stage statistics that came with
+        them into ``totals``; translate a failed task to a chute error."""
+        import ray
+
+        # No prefetching: Ray Data would hand over each record block only once the next one
+        # has arrived, so the last unit done would wait for another before its commit.
+        batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
+        try:
+            for batch in batches:
+                for text in batch.column(carried.STAGES).to_pylist():
+                    carried.add(totals, carried.decode(text))
+                commit(records_from_table(batch.drop_columns([carried.STAGES])))
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+            error = _unwrap(exc)
+            drop_frames(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _dataset(self, plan: Plan, resources: list[StageResources]) -> Any:
+        import ray
+
+        reader, units = plan.reader, plan.pending
+        if isinstance(plan.source, TableSource):
+            reader, units = in_object_store(reader, units)
+        elif isinstance(plan.source, DatasetSource):  # its blocks are in the store already
+            reader = Reader(ObjectStoreSource(plan.source.schema()), plan.read_columns)
+        dataset = ray.data.read_datasource(
+            UnitDatasource(reader, units), override_num_blocks=len(units)
+        )
+        spec = plan.job.preprocess
+        if spec is not None:
+            spec = replace(spec, fn=portable(spec.fn, self.shipped))
+            inputs = list(spec.inputs or plan.read_columns or plan.source.schema().names)
+            dataset = dataset.map_batches(
+                PreprocessTask(spec, inputs, plan.carryover),
+                batch_size=None,
+                batch_format="pyarrow",
+                num_cpus=min(spec.cpus, 1.0),
+                zero_copy_batch=True,
+            )
+        for i, (stage, res) in enumerate(zip(plan.stages, resources, strict=True)):
+            last = i == len(plan.stages) - 1
+            step = preparer(stage.model)
+            if step is not None:  # the adapter's CPU step (tokenizing), fused into the reads
+                dataset = dataset.map_batches(
+                    PrepareTask(PrepareStage(stage.model, stage.inputs, step)),
+                    batch_size=None,
+                    batch_format="pyarrow",
+                    num_cpus=1.0,
+                    zero_copy_batch=True,
+                )
+            dataset = self._model_stage(dataset, stage, res, plan.output if last else None)
+        return dataset
+
+    def _model_stage(
+        self,
+        dataset: Any,
+        stage: StagePlan,
+        res: StageResources,
+        output: Output | None,
+    ) -> Any:
+        import ray
+
+        model = stage.model
+        target = None if isinstance(model.fn, str) else ray.put(model.fn)
+        ctor = ray.put((model.args, dict(model.kwargs))) if model.args or model.kwargs else None
+        stub = replace(
+            model,
+            fn=portable(model.fn, self.shipped) if isinstance(model.fn, str) else "<object store>",
+            args=(),
+            kwargs={},
+        )
+        remote_args: dict[str, Any] = {"num_cpus": res.cpus}
+        if res.gpus:
+            remote_args["num_gpus"] = res.gpus
+        if res.memory:
+            remote_args["memory"] = res.memory
+        # Whole blocks, cut into batches by the actor: given a batch size, Ray Data holds a
+        # unit's last block until blocks of other units fill a batch (a unit then commits
+        # only when others arrive, or the input ends). The public map_batches refuses no
+        # batch size with GPUs; map_batches_internal, where Ray has it, skips that check.
+        map_batches = getattr(dataset, "map_batches_internal", dataset.map_batches)
+        return map_batches(
+            ModelActor,
+            fn_constructor_kwargs={
+                "model": stub,
+                "inputs": list(stage.inputs),
+                "target": target,
+                "ctor": ctor,
+                "output": output,
+                "rows": stage.batch_rows,
+            },
+            batch_size=None,
+            batch_format="pyarrow",
+            zero_copy_batch=True,
+            compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
+            **remote_args,
+        )
+
+
+def _unwrap(exc: Exception) -> BaseException:
+    """The exception a stage raised inside a Ray task, as it was raised (a chute error, an
+    Arrow error, ...): the runner translates it as it would on any engine. A Ray error
+    that carries none (a lost actor, say) comes back as it is."""
+    found: BaseException = exc
+    cause = getattr(exc, "cause", None)
+    while cause is not None:
+        if not type(cause).__module__.startswith("ray."):
+            found = cause  # the innermost error that is not Ray's own wrapper
+        if isinstance(cause, ChuteError):
+            break
+        cause = getattr(cause, "__cause__", None) or getattr(cause, "cause", None)
+    if isinstance(found, ChuteError):
+        # Ray Data appends its retry advice to the message in place: not chute's advice.
+        text = str(found).split("\nFailed to apply ")[0]
+        found.args = (text, *found.args[1:])
+    return found

@@ -1,0 +1,166 @@
+"""What runs inside Ray: the datasource with one read task per unit, the preprocess and
+prepare steps as task functions, and the model actor that predicts and, last, writes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from chute.engines import carried
+from chute.errors import ChuteError
+from chute.job import Model, Preprocess
+from chute.plan import Reader
+from chute.sinks import Output, PartWriter, records_to_table
+from chute.sources import Unit
+from chute.stages import ModelStage, PrepareStage, PreprocessStage
+
+
+class UnitDatasource:
+    """A Ray Data datasource with one read task per pending unit."""
+
+    def __new__(cls, reader: Reader, units: list[Unit]) -> Any:
+        from ray.data import Datasource, ReadTask
+        from ray.data.block import BlockMetadata
+
+        class _Units(Datasource):  # type: ignore[misc]
+            def get_name(self) -> str:
+                return "ChuteUnits"
+
+            def estimate_inmemory_data_size(self) -> int | None:
+                sizes = [u.nbytes for u in units]
+                return None if None in sizes else sum(s or 0 for s in sizes)
+
+            def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
+                return [
+                    ReadTask(
+                        _read_fn(reader, unit),
+                        BlockMetadata(unit.rows, unit.nbytes, None, None),
+                    )
+                    for unit in units
+                ]
+
+        return _Units()
+
+
+def _read_fn(reader: Reader, unit: Unit) -> Callable[[], Iterator[pa.Table]]:
+    def read() -> Iterator[pa.Table]:
+        began = time.perf_counter()
+        for batch in reader(unit):
+            yield carried.carry(batch, "read", time.perf_counter() - began)
+            began = time.perf_counter()
+
+    return read
+
+
+class PreprocessTask:
+    """Preprocess as a stateless task function (Ray fuses it into the read tasks)."""
+
+    def __init__(self, spec: Preprocess, inputs: list[str], carryover: list[str]) -> None:
+        self.spec, self.inputs, self.carryover = spec, inputs, carryover
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        stage = PreprocessStage(self.spec, self.inputs, self.carryover)
+        return carried.carry(stage(table), "preprocess", stage.clock.busy)
+
+
+class PrepareTask:
+    """An adapter's CPU step as a stateless task function (its processor is cached per
+    worker process by the adapter)."""
+
+    def __init__(self, stage: PrepareStage) -> None:
+        self.stage = stage
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        out = carried.carry(self.stage(table), f"{self.stage.name}.prepare", self.stage.clock.busy)
+        self.stage.clock.busy = 0.0
+        return out
+
+
+class ModelActor:
+    """One replica of a model stage in a Ray actor; the last stage also writes.
+
+    It gets whole blocks and cuts them into batches of ``rows`` itself: asked for batches,
+    Ray Data would bundle blocks until they hold a batch, so that a unit's last block
+    waited for blocks of other units, and the unit for its commit (see
+    :meth:`RayEngine._model_stage`).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        inputs: list[str],
+        target: Any,
+        ctor: Any,
+        output: Output | None,
+        rows: int,
+    ) -> None:
+        import ray
+
+        self.failed: ChuteError | None = None
+        try:
+            self.stage = ModelStage(
+                model,
+                inputs,
+                target=ray.get(target) if target is not None else None,
+                ctor=ray.get(ctor) if ctor is not None else None,
+            )
+        except ChuteError as exc:
+            # Raised here, it would kill the actor, and Ray hands the driver only the text of
+            # a constructor's error; raised from a batch it arrives as the error it is.
+            self.failed = exc
+        self.writer = PartWriter(output) if output is not None else None
+        self.rows = rows
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        if self.failed is not None:
+            raise self.failed
+        starts = range(0, max(block.num_rows, 1), self.rows)
+        outs = [self._batch(block.slice(start, self.rows)) for start in starts]
+        return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="permissive")
+
+    def _batch(self, table: pa.Table) -> pa.Table:
+        out = self.stage(table)
+        clock, name = self.stage.clock, self.stage.name
+        busy, clock.busy = clock.busy, 0.0
+        if self.writer is None:  # a later stage writes: the stats travel with the rows
+            return carried.carry(out, name, busy, clock.take_splits())
+        out, totals = carried.collect(out)
+        splits, batch_rows = clock.take_splits()
+        mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows), "splits": splits}
+        carried.add(totals, {name: {**mine, "batch_rows": float(batch_rows or 0)}})
+        records = records_to_table(self.writer.write(out))
+        text = [carried.encode(totals)] + [""] * (records.num_rows - 1)
+        return records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))
+
+
+class ObjectStoreSource:
+    """Units already in the object store: in-memory data is put there once, by the driver."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._schema = schema
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def plan(self) -> list[Unit]:
+        raise NotImplementedError("units are planned by the source they were taken from")
+
+    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+        import ray
+
+        table: pa.Table = ray.get(unit.ref)
+        return table if columns is None else table.select(list(columns))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "object-store"}
+
+
+def in_object_store(reader: Reader, units: list[Unit]) -> tuple[Reader, list[Unit]]:
+    import ray
+
+    stored = [replace(u, ref=ray.put(reader.source.read(u, reader.columns))) for u in units]
+    return Reader(ObjectStoreSource(reader.source.schema()), None), stored

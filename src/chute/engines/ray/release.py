@@ -1,0 +1,102 @@
+"""A run's end on Ray: wait, bounded, until its actors have exited and their CPUs and GPUs
+are free again, and forget the frames a failed run's error holds."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+from chute.engines.ray.operators import ModelActor
+
+log = logging.getLogger("chute")
+
+EXIT_SECONDS = 60.0
+"""Most seconds a run waits for its actors to exit after it ends."""
+FREE_SECONDS = 10.0
+"""Then, most seconds it waits for Ray's view of free CPUs and GPUs to show them back."""
+_POOL_ACTOR = "MapWorker("
+"""How the class names of Ray Data's pool actors start in Ray's actor table (followed by
+the operator's name, which holds ``ModelActor`` for chute's model stages)."""
+
+
+@contextmanager
+def released() -> Iterator[None]:
+    """On the way out of a run, finished or failed, wait until its actors have exited and
+    their CPUs and GPUs are free again, so that the next run in this process (a notebook,
+    a test) never finds them taken: its reads would starve.
+
+    Ray Data lets go of an actor pool by dropping its handles (never ``ray.kill``), and Ray
+    ends the actors asynchronously; on a loaded machine that can take many seconds. The
+    wait is for this driver's pool actors to be dead in Ray's actor table, then for the
+    free CPUs and GPUs to be at least what they were when the run started (both bounded:
+    a slow cluster delays the return, never fails the job).
+    """
+    import ray
+
+    before = _free(ray.available_resources())
+    try:
+        yield
+    except BaseException as exc:
+        # The frames a failed run's error passed through hold its dataset, and through it
+        # the tasks in flight on its actors: the actors would live as long as the error.
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        gc.collect()  # Ray Data's executor and operators hold each other: a cycle to free
+        _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
+        _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
+
+
+def _free(available: Mapping[str, float]) -> dict[str, float]:
+    return {kind: float(available.get(kind, 0.0)) for kind in ("CPU", "GPU")}
+
+
+def _at_least(now: Mapping[str, float], before: Mapping[str, float]) -> bool:
+    return all(now[kind] >= before[kind] - 1e-6 for kind in before)
+
+
+def live_pool_actors() -> int:
+    """This driver's Ray Data pool actors that are not dead yet (0 if Ray cannot say)."""
+    import ray
+
+    try:
+        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+        table = ray._private.state.actors(job_id=job)  # the GCS actor table; no dashboard
+    except Exception:  # not every Ray has it: then the wait for free resources alone
+        log.debug("cannot read Ray's actor table", exc_info=True)
+        return 0
+    return sum(
+        1
+        for actor in table.values()
+        if _is_model_pool(str(actor.get("ActorClassName"))) and actor.get("State") != "DEAD"
+    )
+
+
+def _is_model_pool(name: str) -> bool:
+    return name.startswith(_POOL_ACTOR) and ModelActor.__name__ in name
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            log.debug("gave up after %g s waiting for a run's actors to go", seconds)
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def drop_frames(exc: BaseException | None) -> None:
+    """Forget the Ray Data frames an error (and the errors it arose from) holds: they keep
+    the failed run's actors, and their CPUs, alive for as long as the error is referenced,
+    so that the next run in the same process (a notebook) would starve its reads and hang.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__context__

@@ -1,0 +1,164 @@
+"""What determines a job's output, as plain data, and its fingerprint: a changed model,
+argument, artifact or source file makes another job (a resume refuses it, naming what
+changed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import marshal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chute.job.spec import Model
+
+
+def fingerprint_of(description: Mapping[str, Any]) -> str:
+    """The fingerprint of a job's :meth:`JobSpec.describe` (computed once per run: describing
+    hashes in-memory data and constructor arguments)."""
+    blob = json.dumps(description, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def metric_code(metric: Any) -> Any:
+    """The user's own class inside a (sliced, adapted) metric: its code is what counts."""
+    for attribute in ("metric", "inner"):  # Sliced wraps a metric; Custom adapts an object
+        if type(metric).__module__.startswith("chute.") and hasattr(metric, attribute):
+            return metric_code(getattr(metric, attribute))
+    return metric
+
+
+def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """What differs between two :meth:`JobSpec.describe` results, naming the model, field
+    and source file: ``models[0].fn (model.py), carryover``."""
+    changes: list[str] = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if key == "code" and isinstance(old, Mapping) and isinstance(new, Mapping):
+            changes += _code_changes(old, new)
+        elif key == "models" and isinstance(old, list) and isinstance(new, list):
+            changes += _model_changes(old, new)
+        else:
+            changes.append(key)
+    named = [c for c in changes if not any(o.startswith(f"{c} (") for o in changes)]
+    return ", ".join(named) or "the job description"
+
+
+def _code_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``models[0].fn (model.py, helpers.py)``: each part whose source files differ."""
+    changes = []
+    for part in sorted(set(old) | set(new)):
+        files_old, files_new = old.get(part) or {}, new.get(part) or {}
+        files = sorted(f for f in {*files_old, *files_new} if files_old.get(f) != files_new.get(f))
+        if files:
+            changes.append(f"{part} ({', '.join(files)})")
+    return changes
+
+
+def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
+    """``models[1].kwargs``: each field of each model that differs."""
+    if len(old) != len(new) or not all(isinstance(m, Mapping) for m in [*old, *new]):
+        return ["models"]
+    return [
+        f"models[{i}].{field}"
+        for i, (a, b) in enumerate(zip(old, new, strict=True))
+        for field in sorted(set(a) | set(b))
+        if a.get(field) != b.get(field)
+    ]
+
+
+def fn_name(fn: Any) -> str:
+    """The function's import name and a hash of its code, so an edited model is a new job."""
+    if isinstance(fn, str):
+        return fn
+    if type(fn).__name__ == "AdapterSpec":
+        return _adapter_name(fn)
+    named = isinstance(fn, type) or (callable(fn) and hasattr(fn, "__qualname__"))
+    target = fn if named else type(fn)
+    name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+    return f"{name}#{_code_hash(target)}"
+
+
+_NOT_OUTPUT = frozenset({"trust_pickle"})
+"""Adapter options that permit a load but cannot change a prediction: not in the fingerprint."""
+
+
+def _adapter_name(spec: Any) -> str:
+    """A built-in adapter: its kind, options and the identity of the artifacts it loads."""
+    from chute.artifacts import identity
+
+    options = {k: _short_repr(v) for k, v in sorted(spec.options.items()) if k not in _NOT_OUTPUT}
+    artifacts = [identity(path) for path in spec.load_class(check=False).artifacts(spec.options)]
+    blob = json.dumps([options, artifacts], sort_keys=True).encode()
+    return f"adapter:{spec.kind}#{hashlib.sha256(blob).hexdigest()[:12]}"
+
+
+def _code_hash(target: Any) -> str:
+    """Hash the bytecode of a function, or of every function a class defines."""
+    codes = (
+        [target.__code__]
+        if hasattr(target, "__code__")
+        else [
+            member.__code__
+            for klass in getattr(target, "__mro__", ())[:-1]
+            for member in vars(klass).values()
+            if hasattr(member, "__code__")
+        ]
+    )
+    digest = hashlib.sha256()
+    for code in codes:
+        digest.update(marshal.dumps(code))
+    return digest.hexdigest()[:12]
+
+
+def describe_model(model: Model) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "fn": fn_name(model.fn),
+        "inputs": list(model.inputs) if model.inputs is not None else None,
+        "batch_format": model.batch_format,
+        "on_error": model.on_error,
+        "args": [_short_repr(a) for a in model.args],
+        "kwargs": {k: _short_repr(v) for k, v in sorted(model.kwargs.items())},
+    }
+
+
+HASHED_ARRAY_BYTES = 64 * 2**20
+"""Arrays and tensors in constructor arguments up to this size are hashed by content (a
+state dict's weights); bigger payloads are described by shape and dtype only."""
+
+
+def _short_repr(value: Any) -> str:
+    """A cheap description of a constructor argument: small arrays by content, big ones by
+    shape, mappings and sequences item by item."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_short_repr(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)) and len(value) <= 1000:
+        return "[" + ", ".join(_short_repr(v) for v in value) + "]"
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return (
+            f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}{_content(value)}"
+        )
+    text = repr(value)
+    return text if len(text) <= 200 else f"{type(value).__name__}@{len(text)}"
+
+
+def _content(array: Any) -> str:
+    """``#<hash>`` of an array's or tensor's bytes when it is small enough, else ``""``."""
+    import numpy as np
+
+    nbytes = getattr(array, "nbytes", None)
+    if not isinstance(nbytes, int) or nbytes > HASHED_ARRAY_BYTES:
+        return ""
+    if hasattr(array, "detach"):
+        import torch  # a torch tensor: its raw bytes (NumPy has no bfloat16)
+
+        array = array.detach().cpu().contiguous().flatten().view(torch.uint8).numpy()
+    elif not isinstance(array, np.ndarray):
+        return ""
+    raw = np.ascontiguousarray(array).view(np.uint8)
+    return "#" + hashlib.blake2b(raw.data, digest_size=8).hexdigest()

@@ -1,0 +1,208 @@
+"""The job itself: its models, the preprocess, where it writes, and :class:`JobSpec`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chute.errors import ConfigError
+from chute.job.fingerprint import describe_model, fingerprint_of, fn_name, metric_code
+from chute.job.values import (
+    BATCH_FORMATS,
+    NAME,
+    ON_ERROR,
+    OUTPUT_FORMATS,
+    BatchFormat,
+    BatchSize,
+    EngineName,
+    OnBadInput,
+    OnError,
+    OutputFormat,
+    Pool,
+    Resources,
+    UserFn,
+    check_timeout,
+)
+from chute.usercode import code_files
+
+if TYPE_CHECKING:
+    from chute.sources import Source
+    from chute.storage import StorageOptions
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model stage: replicas load it once, then map batches to output columns.
+
+    ``fn`` is a function ``batch -> outputs``, a class whose constructor loads the model
+    (called once per replica with ``args``/``kwargs``) and whose ``__call__`` maps a batch,
+    an object with ``__call__`` (shared once, by reference, on Ray), or an import string
+    ``"package.module:attr"`` / ``"path/to/file.py:attr"``.
+
+    Outputs are a dict of columns, a DataFrame, an Arrow table, or one array. They are
+    appended as ``<name>_<column>`` (a single array becomes ``<name>``).
+
+    >>> Model("tip", lambda b: {"score": b["passenger_count"]}, inputs=["passenger_count"])
+    ... # doctest: +ELLIPSIS
+    Model(name='tip', ...)
+    """
+
+    name: str
+    fn: UserFn
+    inputs: tuple[str, ...] | None = None
+    """Columns the model sees; ``None`` means every input column (after preprocess)."""
+    batch_format: BatchFormat = "pyarrow"
+    batch_size: BatchSize = field(default_factory=BatchSize)
+    resources: Resources = field(default_factory=Resources)
+    pool: Pool = field(default_factory=Pool)
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    on_error: OnError = "fail"
+    """``fail`` stops the job on the first row the model raises on, and shows it;
+    ``quarantine`` isolates such rows (bisecting the batch) into the errors dataset."""
+    timeout: float | None = None
+    """Seconds a replica may take over one batch; ``None`` (the default) waits forever.
+    A replica that does not answer in time is replaced by a freshly loaded one and the
+    batch retried (twice); then ``on_error`` applies: ``fail`` stops the job naming the
+    unit, ``quarantine`` bisects the batch to the rows it hangs on. Not in the job's
+    fingerprint: it cannot change a prediction."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "timeout", check_timeout(self.name, self.timeout))
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(
+                f"model {self.name!r}: on_error {self.on_error!r} is not one of "
+                f"{', '.join(ON_ERROR)}."
+            )
+        if not NAME.match(self.name):
+            raise ConfigError(
+                f"model name {self.name!r} must be an identifier (letters, digits, '_'): "
+                "it prefixes the output columns."
+            )
+        if self.batch_format not in BATCH_FORMATS:
+            raise ConfigError(
+                f"model {self.name!r}: batch_format {self.batch_format!r} is not one of "
+                f"{', '.join(BATCH_FORMATS)}."
+            )
+        if self.inputs is not None:
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "batch_size", BatchSize.parse(self.batch_size))
+        object.__setattr__(self, "args", tuple(self.args))
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """A CPU function run on each batch before the models; its columns are added.
+
+    Returned columns with a new name are appended; a returned column that has the name
+    of an input column replaces it (carryover columns can never be replaced).
+    """
+
+    fn: Callable[..., Any] | str
+    inputs: tuple[str, ...] | None = None
+    batch_format: BatchFormat = "pyarrow"
+    cpus: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.inputs is not None:
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.batch_format not in BATCH_FORMATS:
+            raise ConfigError(f"preprocess batch_format {self.batch_format!r} is not valid.")
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where and how results are written: part files under ``path``."""
+
+    path: str
+    format: OutputFormat = "parquet"
+    storage: StorageOptions | None = None
+    """How to reach remote storage (endpoint, region, anonymous); never credentials.
+    The endpoint is taken from ``AWS_ENDPOINT_URL(_S3)`` here, on the driver."""
+
+    def __post_init__(self) -> None:
+        from chute.storage import StorageOptions
+
+        object.__setattr__(self, "storage", (self.storage or StorageOptions()).with_env())
+        if self.format not in OUTPUT_FORMATS:
+            raise ConfigError(
+                f"output format {self.format!r} is not one of {', '.join(OUTPUT_FORMATS)}."
+            )
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a batch-inference job is: source, models, carryover, metrics, output.
+
+    Plain data, validated when built; :class:`chute.Job` adds ``run()``. Planning and the
+    engines see only this.
+    """
+
+    source: Source
+    models: tuple[Model, ...]
+    output: Sink | None = None
+    """``None`` keeps the result in memory (``predict``); otherwise part files are written."""
+    carryover: tuple[str, ...] = ()
+    """Columns copied untouched into the output; ``("*",)`` means every input column."""
+    preprocess: Preprocess | None = None
+    engine: EngineName = "auto"
+    address: str | None = None
+    """A Ray cluster address; implies the ray engine."""
+    metrics: tuple[Any, ...] = ()
+    """:class:`chute.metrics.Metric` objects computed in the same pass, reported per model."""
+    on_bad_input: OnBadInput = "fail"
+    """``fail`` stops on an unreadable or drifted input unit, naming it; ``skip`` leaves it
+    out and lists it in the report."""
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    """Ray's runtime environment for the job's workers when chute starts or joins Ray
+    (``working_dir``, ``pip``, ``env_vars``, ...): how a job's own code reaches a cluster.
+    Job files set ``working_dir`` to their directory when they name code that lives there."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime_env", dict(self.runtime_env))
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "carryover", tuple(self.carryover))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        if self.on_bad_input not in ("fail", "skip"):
+            raise ConfigError(f"on_bad_input {self.on_bad_input!r} is not one of fail, skip.")
+        if not isinstance(self.engine, str) or not self.engine:
+            raise ConfigError(f"engine must be 'auto' or an engine's name, not {self.engine!r}.")
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"model names must be unique; repeated: {', '.join(dupes)}.")
+
+    def describe(self) -> dict[str, Any]:
+        """What determines the output, as plain data (kept in the ledger)."""
+        return {
+            "source": self.source.describe(),
+            "models": [describe_model(m) for m in self.models],
+            "carryover": list(self.carryover),
+            "preprocess": fn_name(self.preprocess.fn) if self.preprocess else None,
+            "format": self.output.format if self.output else None,
+            "on_bad_input": self.on_bad_input,
+            "metrics": [repr(m) for m in self.metrics],
+            "code": self._code(),
+        }
+
+    def _code(self) -> dict[str, dict[str, str]]:
+        """The source files of the user code each part names (:func:`code_files`), by the
+        part's key: ``models[0].fn``, ``models[0].module``, ``preprocess.fn``, ``metrics[1]``."""
+        parts: dict[str, Any] = {}
+        for i, model in enumerate(self.models):
+            options = getattr(model.fn, "options", None)
+            if type(model.fn).__name__ == "AdapterSpec" and isinstance(options, Mapping):
+                parts[f"models[{i}].module"] = options.get("module")
+            else:
+                parts[f"models[{i}].fn"] = model.fn
+        if self.preprocess is not None:
+            parts["preprocess.fn"] = self.preprocess.fn
+        for i, metric in enumerate(self.metrics):
+            parts[f"metrics[{i}]"] = metric_code(metric)
+        found = {key: code_files(target) for key, target in parts.items() if target is not None}
+        return {key: files for key, files in found.items() if files}
+
+    def fingerprint(self) -> str:
+        """A stable hash of :meth:`describe`: a changed job gets another one."""
+        return fingerprint_of(self.describe())

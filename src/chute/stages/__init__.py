@@ -1,0 +1,57 @@
+"""Stage logic shared by every engine: plain classes over Arrow tables, no engine inside.
+
+- :mod:`~chute.stages.rows`: the row key and the failure columns every row carries;
+- :mod:`~chute.stages.convert`: batch formats in (pandas, NumPy, Arrow) and outputs back;
+- :mod:`~chute.stages.model`: :class:`ModelStage`, one replica of a model;
+- :mod:`~chute.stages.steps`: the preprocess and an adapter's prepare step;
+- :mod:`~chute.stages.clock`: what each replica measures.
+
+An engine builds these from the plan and moves batches between them; what they do to a
+batch does not depend on the engine.
+"""
+
+from chute.stages.clock import StageClock
+from chute.stages.convert import to_columns, to_format
+from chute.stages.model import TIMEOUT_RETRIES, ModelStage
+from chute.stages.rows import (
+    EMPTY,
+    ERROR_COLUMNS,
+    ERROR_MESSAGE,
+    ERROR_MODEL,
+    ERROR_TYPE,
+    KEY,
+    ROW_BITS,
+    ROW_MASK,
+    SKIPPED,
+    decode,
+    empty_marker,
+    mark_failed,
+    skip_marker,
+    tag,
+)
+from chute.stages.steps import PrepareStage, PreprocessStage, preparer
+
+__all__ = [
+    "EMPTY",
+    "ERROR_COLUMNS",
+    "ERROR_MESSAGE",
+    "ERROR_MODEL",
+    "ERROR_TYPE",
+    "KEY",
+    "ROW_BITS",
+    "ROW_MASK",
+    "SKIPPED",
+    "TIMEOUT_RETRIES",
+    "ModelStage",
+    "PrepareStage",
+    "PreprocessStage",
+    "StageClock",
+    "decode",
+    "empty_marker",
+    "mark_failed",
+    "preparer",
+    "skip_marker",
+    "tag",
+    "to_columns",
+    "to_format",
+]

@@ -1,0 +1,83 @@
+"""Batch formats: the batch a user function receives, and its output back as columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from chute.errors import ModelError
+from chute.job import BatchFormat
+
+
+def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
+    """The batch a user function receives."""
+    if fmt == "pyarrow":
+        return table
+    if fmt == "pandas":
+        return table.to_pandas()
+    return {name: _to_numpy(table.column(name)) for name in table.column_names}
+
+
+def _to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    if isinstance(column.type, pa.FixedShapeTensorType):  # images: (rows, height, width, ch)
+        return np.asarray(column.combine_chunks().to_numpy_ndarray())
+    if pa.types.is_fixed_size_list(column.type):
+        arr = column.combine_chunks()
+        width = column.type.list_size
+        return np.asarray(arr.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)
+    return np.asarray(column.to_numpy())
+
+
+def to_columns(out: Any, prefix: str | None, num_rows: int, who: str) -> dict[str, pa.Array]:
+    """Normalize what a user function returned into named Arrow arrays of ``num_rows``."""
+    if out is None:
+        raise ModelError(
+            f"{who} returned None; return a dict of columns, a DataFrame, an Arrow table or "
+            "an array."
+        )
+    if isinstance(out, (pa.Table, pa.RecordBatch)):
+        items: list[tuple[str | None, Any]] = list(zip(out.column_names, out.columns, strict=True))
+    elif isinstance(out, dict):
+        items = list(out.items())
+    elif type(out).__name__ == "DataFrame":
+        items = [(str(c), out[c].to_numpy()) for c in out.columns]
+    else:
+        items = [(None, out)]
+    columns: dict[str, pa.Array] = {}
+    for key, values in items:
+        name = _column_name(prefix, key, who)
+        array = _to_arrow(values, name, who)
+        if len(array) != num_rows:
+            raise ModelError(
+                f"{who} returned {len(array)} values for column {name!r} but the batch has "
+                f"{num_rows} rows: return one value per input row."
+            )
+        columns[name] = array
+    return columns
+
+
+def _column_name(prefix: str | None, key: str | None, who: str) -> str:
+    if key is None:
+        if prefix is None:
+            raise ModelError(f"{who} must return named columns (a dict, DataFrame or table).")
+        return prefix
+    return f"{prefix}_{key}" if prefix else str(key)
+
+
+def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    try:
+        arr = np.asarray(values)
+        if arr.ndim == 2:
+            flat = pa.array(np.ascontiguousarray(arr).ravel())
+            return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
+        return pa.array(arr)
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc

@@ -1,0 +1,81 @@
+"""The CPU steps before the models: the job's preprocess, and an adapter's prepare step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from chute.errors import ConfigError, ModelError
+from chute.job import BatchFormat, Model, Preprocess
+from chute.models import AdapterSpec
+from chute.models.base import PREPARED
+from chute.stages.clock import StageClock
+from chute.stages.convert import to_columns, to_format
+from chute.stages.rows import KEY
+from chute.usercode import resolve
+
+
+class PreprocessStage:
+    """The optional CPU step before the models."""
+
+    def __init__(self, spec: Preprocess, inputs: Sequence[str], protected: Sequence[str]) -> None:
+        self.fn: Callable[[Any], Any] = resolve(spec.fn)
+        self.inputs = list(inputs)
+        self.batch_format: BatchFormat = spec.batch_format
+        self.protected = set(protected)
+        self.clock = StageClock()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        started = time.perf_counter()
+        try:
+            out = self.fn(to_format(table.select(self.inputs), self.batch_format))
+        except Exception as exc:
+            raise ModelError(f"preprocess raised {type(exc).__name__}: {exc}") from exc
+        for name, array in to_columns(out, None, table.num_rows, "preprocess").items():
+            if name in self.protected or name == KEY:
+                raise ConfigError(
+                    f"preprocess returned column {name!r}, which is a carryover column: "
+                    "carryover columns pass through untouched. Return it under another name."
+                )
+            if name in table.column_names:
+                table = table.set_column(table.column_names.index(name), name, array)
+            else:
+                table = table.append_column(name, array)
+        self.clock.record(time.perf_counter() - started, table.num_rows)
+        return table
+
+
+def preparer(model: Model) -> Callable[[pa.Table], Any] | None:
+    """The CPU step a built-in adapter asks to run before its model stage, if any."""
+    if not isinstance(model.fn, AdapterSpec):
+        return None
+    return model.fn.load_class().preparer(model.name, model.fn.options)
+
+
+class PrepareStage:
+    """An adapter's CPU step (tokenization, image decoding) before its model stage.
+
+    Its columns travel as ``__chute_prepared_<model>__<key>``: the model stage hands them
+    to the adapter, and no writer writes them. A batch the step raises on goes on
+    unprepared: the model stage then prepares it itself, isolating the rows that fail.
+    """
+
+    def __init__(self, model: Model, inputs: Sequence[str], step: Callable[[pa.Table], Any]):
+        self.name = model.name
+        self.inputs = list(inputs)
+        self.step = step
+        self.clock = StageClock()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        started = time.perf_counter()
+        try:
+            out = self.step(table.select(self.inputs))
+        except Exception:
+            return table
+        for key, values in out.items():
+            table = table.append_column(f"{PREPARED}{self.name}__{key}", values)
+        self.clock.record(time.perf_counter() - started, table.num_rows)
+        return table
