@@ -44,6 +44,10 @@ class ReplicaContext:
         return max(1, int(cpus))
 
 
+ROW = "__chute_row"
+"""A column holding each row's place in the input (``unit << 40 | row``: the same for the
+same row in every run), handed to adapters whose class sets ``wants_rows = True``."""
+
 PREPARED = "__chute_prepared_"
 """Prefix of the columns an adapter's :meth:`Adapter.preparer` step added."""
 
@@ -71,6 +75,8 @@ class Adapter:
     """The name jobs use for it: ``model: {type: <kind>, ...}``."""
     extra: ClassVar[str | None] = None
     """The pip extra that installs its framework: ``pip install 'chute[<extra>]'``."""
+    wants_rows: ClassVar[bool] = False
+    """Whether batches carry the :data:`ROW` column (rows named by place, for seeds)."""
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         self.context = context

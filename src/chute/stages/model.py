@@ -19,7 +19,7 @@ from chute.deadline import BatchTimeout, Caller
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import BatchFormat, Model
 from chute.models import AdapterSpec, ReplicaContext
-from chute.models.base import PREPARED
+from chute.models.base import PREPARED, ROW
 from chute.oom import is_out_of_memory
 from chute.stages.clock import StageClock
 from chute.stages.convert import to_columns, to_format
@@ -155,6 +155,9 @@ class ModelStage:
     def _model_view(self, view: pa.Table) -> pa.Table:
         """The model's input columns, and what its adapter's preparer made for it."""
         batch = view.select(self.inputs)
+        if getattr(self._fn, "wants_rows", False):  # an LLM's seeds: the row, not the batch
+            keys = view.column(KEY).to_numpy()
+            batch = batch.append_column(ROW, pa.array(np.where(keys < 0, -keys - 1, keys)))
         prefix = self._prepared
         if prefix is None:
             return batch

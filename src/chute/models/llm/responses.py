@@ -1,0 +1,109 @@
+"""What an LLM request gives back: an :class:`Outcome` per request, and the same as the
+bodies and lines of the OpenAI Batch output format.
+
+An output line is ``{id, custom_id, response: {status_code, request_id, body}, error}``,
+the body that of the OpenAI API (``choices``, ``usage``). A request that failed gets a line
+too: its status (400 for a request that cannot be served, 422 for a reply that does not
+have the requested structure), ``error: {code, message}``, and the error in ``body``.
+The ids are derived from the ``custom_id``, so a redone request gets the same line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from chute.models.llm.requests import CHAT, EMBEDDINGS, Request
+
+BAD_REQUEST = 400
+UNPARSED = 422
+
+
+@dataclass
+class Outcome:
+    """What one request gave: its completions, tokens, parsed value, or its error."""
+
+    texts: list[str] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    value: Any = None
+    """The reply parsed into the structure (``None`` without one)."""
+    logprobs: list[float] | None = None
+    """The sampled tokens' log-probabilities of the first completion, when asked for."""
+    embedding: list[float] | None = None
+    error: str | None = None
+    status: int = 200
+    created: int = 0
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.finish_reasons[0] if self.finish_reasons else None
+
+
+def short_id(*parts: str) -> str:
+    """A stable hex id for a request's output line."""
+    return hashlib.blake2b("\x00".join(parts).encode(), digest_size=12).hexdigest()
+
+
+def body(request: Request, outcome: Outcome, model: str) -> dict[str, Any]:
+    """The OpenAI response body of a request that was answered."""
+    rid = short_id("response", request.identity)
+    usage = {
+        "prompt_tokens": outcome.prompt_tokens or 0,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": (outcome.prompt_tokens or 0) + outcome.completion_tokens,
+    }
+    if request.endpoint == EMBEDDINGS:
+        data = [{"object": "embedding", "index": 0, "embedding": outcome.embedding}]
+        usage.pop("completion_tokens")
+        usage["total_tokens"] = usage["prompt_tokens"]
+        return {"object": "list", "data": data, "model": model, "usage": usage}
+    choices = [
+        _choice(request, i, text, reason)
+        for i, (text, reason) in enumerate(zip(outcome.texts, outcome.finish_reasons, strict=True))
+    ]
+    chat = request.endpoint == CHAT
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": outcome.created,
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def _choice(request: Request, index: int, text: str, reason: str) -> dict[str, Any]:
+    if request.endpoint == CHAT:
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+def line(request: Request, outcome: Outcome, model: str) -> str:
+    """The request's OpenAI Batch output line (JSON, no newline)."""
+    custom_id = request.custom_id if request.custom_id is not None else request.identity
+    error = None
+    response_body: dict[str, Any]
+    if outcome.error is not None:
+        code = "invalid_request" if outcome.status == BAD_REQUEST else "unparsed_reply"
+        error = {"code": code, "message": outcome.error}
+        response_body = {"error": {"message": outcome.error, "type": code, "code": code}}
+    else:
+        response_body = body(request, outcome, model)
+    return json.dumps(
+        {
+            "id": f"batch_req_{short_id('line', custom_id)}",
+            "custom_id": custom_id,
+            "response": {
+                "status_code": outcome.status,
+                "request_id": f"req_{short_id('request', custom_id)}",
+                "body": response_body,
+            },
+            "error": error,
+        },
+        ensure_ascii=False,
+    )
