@@ -97,9 +97,27 @@ class InputConfig(_Strict):
     """Images only: ``RGB`` or ``L`` (grayscale)."""
 
 
+class IndexConfig(_Strict):
+    """A vector index built at the end of a run (lance tables)."""
+
+    column: str
+    type: str = "ivf_pq"
+    metric: Literal["l2", "cosine", "dot"] = "l2"
+    num_partitions: int | None = Field(default=None, ge=1)
+    num_sub_vectors: int | None = Field(default=None, ge=1)
+
+
 class OutputConfig(_Strict):
-    path: str
-    format: Format = "parquet"
+    path: str | None = None
+    """A directory, or a Delta/Lance table's location (an Iceberg table's is its catalog's)."""
+    format: Format | Literal["iceberg", "delta", "lance"] = "parquet"
+    table: str | None = None
+    """Iceberg: ``namespace.name`` in the catalog."""
+    catalog: dict[str, Any] = {}
+    """Iceberg: the catalog's properties (``type: sql``, ``uri``, ``warehouse``, ...)."""
+    sort_by: list[str] = []
+    index: IndexConfig | None = None
+    commit_seconds: float = Field(default=5.0, ge=0)
 
 
 class StorageConfig(_Strict):
@@ -190,6 +208,30 @@ def _expand_shorthands(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _sink(
+    output: OutputConfig, base: str, overrides: dict[str, Any], storage: StorageOptions
+) -> Sink:
+    """The job's output: a directory of part files, or a table."""
+    path = overrides.get("output", output.path)
+    if output.format in ("parquet", "csv", "jsonl"):
+        if not path:
+            raise ConfigError("output: needs a `path` (the directory results go to).")
+        return Sink(_resolve(path, base), output.format, storage)
+    from chute.tables import Index, TableSink
+
+    index = Index(**output.index.model_dump()) if output.index else None
+    return TableSink(
+        _resolve(path, base) if path else "",
+        output.format,  # type: ignore[arg-type]
+        storage,
+        table=output.table or "",
+        catalog=output.catalog,
+        sort_by=tuple(output.sort_by),
+        index=index,
+        commit_seconds=output.commit_seconds,
+    )
+
+
 def _expand_pool(model: Any) -> Any:
     if isinstance(model, dict) and isinstance(model.get("pool"), int):
         return {**model, "pool": {"min": model["pool"], "max": model["pool"]}}
@@ -210,7 +252,7 @@ def _build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
             **source.model_dump(include={"size", "mode"}, exclude_none=True),
         ),
         models=tuple(_model(i, m, base, overrides) for i, m in enumerate(config.models)),
-        output=Sink(_resolve(overrides.get("output", output.path), base), output.format, storage),
+        output=_sink(output, base, overrides, storage),
         carryover=tuple(config.carryover),
         preprocess=_preprocess(config.preprocess, base),
         engine=overrides.get("engine", config.engine),

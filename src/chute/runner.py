@@ -6,6 +6,7 @@ caller asked for the result in memory.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -31,6 +32,8 @@ from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
 from chute.stages import KEY
 from chute.storage import redact
+from chute.tableledger import TableLedger
+from chute.tables import Table, TableSink, check_schema, resolve
 
 log = logging.getLogger("chute")
 
@@ -181,6 +184,9 @@ class Committer:
         if skipped:
             entry["skipped"] = skipped
             self.skipped.append({"unit": unit.id, "error": skipped})
+        tables = [json.loads(p.table) for p in parts if p.table]
+        if tables:  # a table output: the parts' schemas (and Lance fragments) to commit
+            entry["table"] = tables
         return entry
 
     def absorb(self, entries: Iterable[dict[str, Any]]) -> None:
@@ -221,8 +227,10 @@ def run_job(
     run = _Run(plan, fingerprint_of(description), started, name, reason)
     if job.output is None:
         return _execute(run, engine, None, progress, console)
-    with Ledger.claim(job.output.path, job.output.storage) as lease:
-        ledger = _open_ledger(run, description, lease, overwrite)
+    table = _table(plan, run.fingerprint)
+    assert plan.job.output is not None
+    with Ledger.claim(plan.job.output.path, plan.job.output.storage) as lease:
+        ledger = _open_ledger(run, description, lease, overwrite, table)
         return _execute(run, engine, ledger, progress, console)
 
 
@@ -239,21 +247,34 @@ class _Run:
     """Committed units whose files were missing or changed, so recomputed."""
 
 
-def _open_ledger(run: _Run, description: dict[str, Any], lease: Lease, overwrite: bool) -> Ledger:
+def _table(plan: Plan, fingerprint: str) -> Table | None:
+    """For a table output: its table, the plan's sink resolved to the table's location,
+    and the carried columns checked against the table's (before any compute)."""
+    sink = plan.job.output
+    if not isinstance(sink, TableSink):
+        return None
+    sink, table = resolve(sink, fingerprint[:16])
+    plan.job = replace(plan.job, output=sink)
+    existing = table.schema()
+    if existing is not None and plan.schema is not None:
+        carried = [plan.schema.field(c) for c in plan.carryover if c in plan.schema.names]
+        check_schema(existing, pa.schema(carried), sink.name)
+    return table
+
+
+def _open_ledger(
+    run: _Run, description: dict[str, Any], lease: Lease, overwrite: bool, table: Table | None
+) -> Ledger:
     """The output's ledger, verified: units whose parts are missing or changed are
     forgotten (and so recomputed), orphans removed; ``plan.pending`` is what is left."""
     plan = run.plan
     output = plan.job.output
     assert output is not None
-    ledger = Ledger.open(
-        output.path,
-        run.fingerprint,
-        description,
-        overwrite,
-        len(plan.units),
-        storage=output.storage,
-        lease=lease,
-    )
+    args = (run.fingerprint, description, overwrite, len(plan.units))
+    if isinstance(output, TableSink) and table is not None:
+        ledger: Ledger = TableLedger.open_table(output, table, *args, lease=lease)
+    else:
+        ledger = Ledger.open(output.path, *args, storage=output.storage, lease=lease)
     ledger.unfinish()
     run.redone = ledger.reconcile()
     if run.redone:

@@ -32,6 +32,7 @@ from chute.stages import (
     decode,
 )
 from chute.storage import StorageOptions, is_local, make_dir, put, resolve
+from chute.tables import TableSink, part_info
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
@@ -95,6 +96,8 @@ class PartRecord:
     """Metric states of the part's rows (the rows written, not the failed ones)."""
     errors_nbytes: int = 0
     """Bytes of the errors part."""
+    table: str = ""
+    """For a table output: the part's schema (and a Lance fragment), :func:`part_info`."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -112,6 +115,7 @@ RECORD_SCHEMA = pa.schema(
         ("skipped", pa.string()),
         ("metrics", pa.binary()),
         ("errors_nbytes", pa.int64()),
+        ("table", pa.string()),
     ]
 )
 
@@ -152,6 +156,12 @@ class PartWriter:
             assert self.sink is not None
             self._fs, self._root = output_filesystem(self.sink.path, self.sink.storage)
         return self._fs, self._root
+
+    def _folder(self, errors: bool) -> str:
+        """Where parts go, relative to the output (a table's: its job's data folder)."""
+        if isinstance(self.sink, TableSink):
+            return self.sink.errors_dir if errors else self.sink.job_dir
+        return ERRORS_DIR if errors else ""
 
     def write(self, table: pa.Table) -> list[PartRecord]:
         if table.num_rows == 0:
@@ -197,11 +207,20 @@ class PartWriter:
             return PartRecord(
                 unit, start, end, total, "", len(data), 0.0, data, error_rows=error_rows
             )
-        path, size = (
-            self._put(part.drop_columns([KEY]), unit, start, "") if part.num_rows else ("", 0)
-        )
+        data, table = part.drop_columns([KEY]), ""
+        if isinstance(self.sink, TableSink) and part.num_rows:
+            if self.sink.sort_by:
+                data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
+            table = part_info(data.schema)
+        if isinstance(self.sink, TableSink) and self.sink.format == "lance" and part.num_rows:
+            path, size, table = self._put_lance(data)
+        else:
+            folder = self._folder(errors=False)
+            path, size = self._put(data, unit, start, folder) if part.num_rows else ("", 0)
         bad, bad_size = (
-            self._put(errors, unit, start, ERRORS_DIR) if errors is not None else ("", 0)
+            self._put(errors, unit, start, self._folder(errors=True))
+            if errors is not None
+            else ("", 0)
         )
         seconds = time.perf_counter() - began
         return PartRecord(
@@ -215,17 +234,29 @@ class PartWriter:
             errors_path=bad,
             error_rows=error_rows,
             errors_nbytes=bad_size,
+            table=table,
         )
+
+    def _put_lance(self, data: pa.Table) -> tuple[str, int, str]:
+        """Write a part as Lance fragments (uncommitted): its first file, bytes, info."""
+        from chute.tables.lance import fragment_files, write_fragments
+
+        assert self.sink is not None
+        fragments = write_fragments(data, self.sink.path, self.sink.storage)
+        files = [f for fragment in fragments for f in fragment_files(fragment)]
+        info = part_info(data.schema, fragments)
+        return files[0][0], sum(size for _, size in files), info
 
     def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> tuple[str, int]:
         """Write ``table`` whole under a unique name; its path and size."""
         assert self.sink is not None
-        name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[self.sink.format]}"
+        fmt = "parquet" if isinstance(self.sink, TableSink) else self.sink.format
+        name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[fmt]}"
         relative = f"{folder}/{name}" if folder else name
         fs, root = self._filesystem()
         if folder and is_local(fs):  # object stores have no directories to make
             make_dir(fs, f"{root}/{folder}")
-        payload = encode(table, self.sink.format)
+        payload = encode(table, fmt)
         retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
         return relative, len(payload)
 

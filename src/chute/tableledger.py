@@ -1,0 +1,334 @@
+"""The ledger of a table output: chute's side of the exactly-once protocol with a table.
+
+A table holds the rows of many jobs (today's predictions, tomorrow's), so chute keeps one
+folder per job inside the table's location, ``_chute/jobs/<job>/`` (``<job>`` is the
+fingerprint's first 16 digits), beside the claim that one run at a time holds on the whole
+table (``_chute/owners/``, :mod:`chute.lease`). The job's Parquet files go to
+``data/chute-<job>/`` (Lance writes into its own ``data/``), quarantined rows to
+``_chute/jobs/<job>/errors/``.
+
+A commit batch is three steps, each one durable before the next starts:
+
+1. the batch's units are written to the ledger **staged**: each line names the batch's
+   token (``"batch": token``);
+2. one table transaction adds the batch's data files; its metadata names the job, the
+   token and the units (:func:`chute.tables.commit_meta`);
+3. a line ``{"confirmed": token}`` is written to the ledger.
+
+A unit is committed once its batch is confirmed. A resume that finds a staged batch
+without its confirmation (the driver died between 1 and 3) looks for the token in the
+table's history: there, the batch is confirmed now; absent, its units are forgotten and
+recomputed, and their files removed as orphans. So every unit is in the table once,
+however the driver dies, and the table's history is consulted only for the last batch
+of a killed run (a table's history can be expired; chute's ledger is not).
+
+chute never deletes a row from a table: ``--overwrite`` cannot redo a job that committed
+rows, and a table's committed units are trusted without a listing (the table owns those
+files; compaction may have rewritten them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterable
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from chute.errors import JobStateError
+from chute.job import describe_changes
+from chute.lease import Lease
+from chute.ledger import LEDGER_DIR, LEDGER_FILE, MANIFEST, SUCCESS, Ledger
+from chute.retry import retrying
+from chute.sinks import output_filesystem
+from chute.storage import append, check, is_local, make_dir
+from chute.tables import (
+    JOBS_DIR,
+    META_DIR,
+    DataFile,
+    Table,
+    TableSink,
+    check_schema,
+    commit_meta,
+    schema_from,
+)
+
+TABLE_BATCH_MAX_SECONDS = 60.0
+"""The longest a completed unit waits for its table commit, on a long run."""
+ABANDONED = "abandoned"
+"""In a job's folder: a later run was told (``--overwrite``) to leave this job unfinished."""
+
+
+class TableLedger(Ledger):
+    """Committed units of one job on one table; every batch a table transaction."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, objects: bool | None = None) -> None:
+        super().__init__(fs, root, objects)
+        self.sink: TableSink | None = None
+        self.table: Table | None = None
+        self.job = ""
+        self.commits = 0
+        """Table transactions this run made."""
+        self._confirmed: set[str] = set()
+        self._schema: pa.Schema | None = None
+        self._checked: set[str] = set()
+        self._broken: str | None = None
+
+    @classmethod
+    def open_table(
+        cls,
+        sink: TableSink,
+        table: Table,
+        fingerprint: str,
+        description: dict[str, Any],
+        overwrite: bool,
+        units_total: int | None = None,
+        lease: Lease | None = None,
+    ) -> TableLedger:
+        """Open (or start) this job's ledger on the table; resolve a batch a killed run
+        left staged; refuse to leave another job of the table unfinished unless told to."""
+        check(sink.path, sink.storage, "output")
+        fs, root = output_filesystem(sink.path, sink.storage)
+        ledger = cls(fs, root)
+        ledger.sink, ledger.table, ledger.job = sink, table, fingerprint[:16]
+        ledger.meta = f"{root}/{META_DIR}/{JOBS_DIR}/{ledger.job}"
+        ledger.batch_seconds = sink.commit_seconds
+        ledger.lease = lease
+        ledger._schema = table.schema()
+        ledger._refuse_redo(overwrite)
+        ledger._settle_others(description, overwrite)
+        ledger._claim(fingerprint, description, False, units_total)
+        ledger._entries = ledger.read_entries()
+        if not ledger.objects:
+            ledger._mend_last_line()
+        ledger._resolve()
+        return ledger
+
+    # ------------------------------------------------------------------ opening
+
+    def _refuse_redo(self, overwrite: bool) -> None:
+        if overwrite and self.read_json("job.json") is not None and self.read_entries():
+            raise JobStateError(
+                f"{self._name()} already holds rows of this job, and chute never deletes rows "
+                "from a table: --overwrite cannot redo it. Run without --overwrite to finish "
+                "the job, or delete its rows with the table's own tools and its folder "
+                f"{self.meta!r}, or write to another table."
+            )
+
+    def _settle_others(self, description: dict[str, Any], overwrite: bool) -> None:
+        """Another job of this table left unfinished: refused (rows of two jobs would mix
+        in silence), or abandoned with ``overwrite`` (its committed rows stay)."""
+        for folder, owner in self._unfinished_others():
+            if not overwrite:
+                changed = describe_changes(owner.get("job", {}), description)
+                raise JobStateError(
+                    f"{self._name()} holds an unfinished chute job (changed: {changed}); "
+                    "this run would mix its rows with that job's. Run that job again to finish "
+                    "it, or pass --overwrite to leave it unfinished (the rows it committed stay "
+                    "in the table)."
+                )
+            self._guard()
+            self._write(f"{folder}/{ABANDONED}", b"")
+
+    def _unfinished_others(self) -> list[tuple[str, dict[str, Any]]]:
+        found = []
+        for info in self._list(f"{self.root}/{META_DIR}/{JOBS_DIR}"):
+            folder = info.path
+            if folder == self.meta or info.type != pafs.FileType.Directory:
+                continue
+            names = {i.base_name for i in self._list(folder)}
+            if "job.json" in names and not names & {SUCCESS, ABANDONED}:
+                owner = json.loads(self._read(f"{folder}/job.json") or b"{}")
+                found.append((folder, owner))
+        return found
+
+    def read_entries(self) -> dict[str, dict[str, Any]]:
+        """Every unit the ledger names (staged ones too); the confirmed tokens aside."""
+        entries: dict[str, dict[str, Any]] = {}
+        for blob in [self._read_file(), *self._read_objects()]:
+            for line in blob.decode().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line: not committed
+                if "confirmed" in entry:
+                    self._confirmed.add(entry["confirmed"])
+                else:
+                    entries[entry["unit"]] = entry
+        return entries
+
+    def _resolve(self) -> None:
+        """Staged batches without a confirmation: confirmed if the table's history holds
+        them, forgotten (so recomputed) if not."""
+        staged = {e["batch"] for e in self._entries.values() if self._staged(e)}
+        if not staged:
+            return
+        assert self.table is not None
+        held = self.table.committed(staged)
+        if held:
+            self._confirm(sorted(held))
+        for unit, entry in list(self._entries.items()):
+            if entry.get("batch") in staged - held:
+                del self._entries[unit]
+
+    def _staged(self, entry: dict[str, Any]) -> bool:
+        return "batch" in entry and entry["batch"] not in self._confirmed
+
+    # ------------------------------------------------------------------ committing
+
+    def flush_due(self, waited: float, elapsed: float) -> bool:
+        """A table commit at most every ``commit_seconds``, and every 2% of the run's
+        time so far (up to a minute): about 100 commits however long the run."""
+        wait = min(TABLE_BATCH_MAX_SECONDS, max(self.batch_seconds, 0.02 * elapsed))
+        return waited >= wait
+
+    def commit(self, entries: Iterable[dict[str, Any]]) -> None:
+        """Stage the units, add their files to the table in one transaction, confirm."""
+        batch = list(entries)
+        if not batch:
+            return
+        if self._broken is not None:
+            raise JobStateError(self._broken)
+        schema = self._check(batch)
+        token = uuid.uuid4().hex
+        staged = [{**{k: v for k, v in e.items() if k != "table"}, "batch": token} for e in batch]
+        files = [f for e in batch for f in self._data_files(e)]
+        super().commit(staged)
+        if files:
+            self._add(files, schema, token, [e["index"] for e in batch])
+        self._confirm([token])
+
+    def _add(
+        self, files: list[DataFile], schema: pa.Schema | None, token: str, units: list[int]
+    ) -> None:
+        assert self.table is not None and schema is not None
+        try:
+            self.table.commit(files, schema, commit_meta(self.job, token, units))
+        except Exception as exc:
+            self._after_failure(token, units, exc)
+            raise
+        self.commits += 1
+        if self._schema is None:
+            self._schema = self.table.schema()
+
+    def _after_failure(self, token: str, units: list[int], exc: Exception) -> None:
+        """A failed table commit: its units are not committed, unless it landed after all
+        (a lost answer) — then this run cannot go on, and a resume confirms the batch."""
+        assert self.table is not None
+        try:
+            landed = token in self.table.committed({token})
+        except Exception:
+            landed = True  # unknown: stop, and let the resume look again
+        if landed:
+            self._broken = (
+                f"a commit to {self._name()} failed ({exc}), and whether it landed is not known; "
+                "this run stops. Run the job again: it reads the table's history to learn."
+            )
+            raise JobStateError(self._broken) from exc
+        for entry in list(self._entries.values()):
+            if entry.get("batch") == token:
+                del self._entries[entry["unit"]]
+
+    def _confirm(self, tokens: list[str]) -> None:
+        blob = "".join(json.dumps({"confirmed": t}) + "\n" for t in tokens).encode()
+        if self.objects:
+            if is_local(self.fs):
+                make_dir(self.fs, f"{self.meta}/{LEDGER_DIR}")
+            self._put(f"{LEDGER_DIR}/{self._seq:08d}-{uuid.uuid4().hex[:8]}.jsonl", blob)
+            self._seq += 1
+        else:
+            append(self.fs, f"{self.meta}/{LEDGER_FILE}", blob)
+        self._confirmed.update(tokens)
+
+    def _check(self, batch: list[dict[str, Any]]) -> pa.Schema | None:
+        """Every part's columns against the table's (before anything of the batch is
+        written); the schema of the batch."""
+        assert self.sink is not None
+        schema = self._schema
+        for text in {i["schema"] for e in batch for i in e.get("table", [])}:
+            written = schema_from(text)
+            if schema is None:
+                schema = written
+            if text not in self._checked:
+                check_schema(schema, written, self._name(), ordered=self.sink.format == "lance")
+                self._checked.add(text)
+        return schema
+
+    def _data_files(self, entry: dict[str, Any]) -> list[DataFile]:
+        assert self.sink is not None
+        infos = entry.get("table", [])
+        if self.sink.format == "lance":
+            return [
+                DataFile(f"data/{fr['files'][0]['path']}", fr["physical_rows"], 0, fr)
+                for info in infos
+                for fr in info.get("fragments", [])
+            ]
+        folder = f"{self.sink.job_dir}/"
+        return [DataFile(p, r, b) for p, r, b in entry.get("files", []) if p.startswith(folder)]
+
+    # ------------------------------------------------------------------ verifying, finishing
+
+    def reconcile(self) -> list[str]:
+        """Remove this job's orphan files; committed units are the table's (never redone)."""
+        self._remove_orphans(self._files())
+        return []
+
+    def _files(self) -> dict[str, int | None]:
+        assert self.sink is not None
+        folders = [self.sink.errors_dir]
+        if self.sink.format != "lance":  # Lance's data/ is shared: its orphans are Lance's
+            folders.append(self.sink.job_dir)
+        infos = [i for f in folders for i in self._list(f"{self.root}/{f}")]
+        return {i.path: i.size for i in infos if i.is_file}
+
+    def _foreign_files(self) -> bool:
+        return False  # a table's location holds its own files: chute's are in their folders
+
+    def _wipe(self) -> None:
+        """Start this job afresh (it committed nothing): its ledger and orphan files go."""
+        self._guard()
+        for info in self._list(self.meta):
+            if info.base_name != "job.json":
+                retrying(partial(self._remove, info), f"removing {info.path}")
+        self._entries = {}
+        self._remove_orphans(self._files())
+
+    def unfinish(self) -> None:
+        retrying(lambda: self._delete(f"{self.meta}/{SUCCESS}"), f"removing {SUCCESS}")
+
+    def finish(self, report: dict[str, Any], html: bool = True) -> None:
+        """End the run on the table (a vector index is built now), then write the report,
+        the manifest and the job's success marker."""
+        assert self.table is not None
+        self._guard()
+        report = {**report, "table": {**self.table.finish(), "commits": self.commits}}
+        self.save_report(report, html)
+        self._write_json(MANIFEST, self.manifest(report.get("fingerprint")))
+        self._put(SUCCESS, b"")
+
+    def _name(self) -> str:
+        assert self.sink is not None
+        return self.sink.name
+
+    def _read(self, path: str) -> bytes | None:
+        from chute.storage import read
+
+        return retrying(lambda: read(self.fs, path), f"reading {path}")
+
+    def _write(self, path: str, data: bytes) -> None:
+        from chute.storage import put
+
+        retrying(lambda: put(self.fs, path, data), f"writing {path}")
+
+
+def job_folders(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The job folders of a table's location, newest first (``chute status``)."""
+    selector = pafs.FileSelector(f"{root}/{META_DIR}/{JOBS_DIR}", allow_not_found=True)
+    infos = [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
+    with contextlib.suppress(TypeError):
+        infos.sort(key=lambda i: i.mtime, reverse=True)
+    return [i.path for i in infos]

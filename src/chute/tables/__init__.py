@@ -1,0 +1,275 @@
+"""Table sinks — Apache Iceberg, Delta Lake, Lance — written exactly once.
+
+Workers write data files as for a directory output (Parquet for Iceberg and Delta, Lance
+data files for Lance) into the table's data folder; the driver commits completed units to
+the table in batches, one table transaction each, and writes into that transaction's own
+metadata (Iceberg's snapshot summary, Delta's commit info, Lance's transaction properties)
+the job, the batch's token and the units it holds (:data:`JOB_KEY`, :data:`BATCH_KEY`,
+:data:`UNITS_KEY`). :mod:`chute.tableledger` keeps chute's side of that protocol.
+
+This module holds what the formats share: :class:`TableSink` (the spec), the
+:class:`Table` protocol each format implements for the driver, the registry that imports
+a format's library only when a job uses it, and the schema check on append.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+import pyarrow as pa
+
+from chute.errors import ConfigError, DataError
+from chute.job import Sink
+from chute.storage import StorageOptions
+
+TableFormat = Literal["iceberg", "delta", "lance"]
+TABLE_FORMATS: dict[str, str] = {
+    "iceberg": "pyiceberg",
+    "delta": "deltalake",
+    "lance": "lance",
+}
+"""Each table format and the package it is written with (imported when a job uses it)."""
+JOB_KEY = "chute.job"
+"""In a table commit's metadata: which chute job (the fingerprint's first 16 digits)."""
+BATCH_KEY = "chute.batch"
+"""In a table commit's metadata: the commit batch's token, as chute's ledger names it."""
+UNITS_KEY = "chute.units"
+"""In a table commit's metadata: the indexes of the units it holds (``0-7,9``)."""
+META_DIR = "_chute"
+"""chute's folder in a table's location: the claim (``owners/``) and one folder per job."""
+JOBS_DIR = "jobs"
+"""``_chute/jobs/<job>/``: a job's ledger, report and quarantined rows."""
+DATA_DIR = "data"
+"""The folder of a table's data files, inside its location (Iceberg's and Lance's own)."""
+
+
+@dataclass(frozen=True)
+class Index:
+    """A vector index built once, at the end of a run (Lance only).
+
+    >>> Index("embedding", type="ivf_pq", num_partitions=4, num_sub_vectors=8)  # doctest: +SKIP
+    """
+
+    column: str
+    type: str = "ivf_pq"
+    """Lance's index type: ``ivf_pq``, ``ivf_flat``, ``ivf_hnsw_sq``, ..."""
+    metric: str = "l2"
+    """``l2``, ``cosine`` or ``dot``."""
+    num_partitions: int | None = None
+    num_sub_vectors: int | None = None
+
+
+@dataclass(frozen=True)
+class TableSink(Sink):
+    """Results appended to a table, exactly once.
+
+    >>> TableSink(format="iceberg", table="db.predictions",
+    ...           catalog={"type": "sql", "uri": "sqlite:///cat.db", "warehouse": "file:///wh"})
+    ... # doctest: +SKIP
+    >>> TableSink("out/vectors.lance", format="lance", index=Index("emb"))  # doctest: +SKIP
+    """
+
+    path: str = ""
+    """The table's location (Delta, Lance); found from the catalog for Iceberg."""
+    format: TableFormat = "iceberg"  # type: ignore[assignment]
+    table: str = ""
+    """Iceberg: the table's identifier in the catalog, ``namespace.name``."""
+    catalog: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Iceberg: the catalog's properties as ``pyiceberg.catalog.load_catalog`` takes them
+    (``type: sql``, ``uri``, ``warehouse``, ...). Never stored or printed."""
+    sort_by: tuple[str, ...] = ()
+    """Columns each data file is sorted by (and, for a new Iceberg table, its sort order)."""
+    index: Index | None = None
+    """Lance: a vector index built at the end of the run."""
+    commit_seconds: float = 5.0
+    """Completed units wait at least this long to be committed together: one table
+    transaction (and its metadata files) per batch, not per unit. See
+    :meth:`chute.tableledger.TableLedger.flush_due`."""
+    job_dir: str = ""
+    """Set by :func:`resolve`: the folder of this job's data files inside the table."""
+    errors_dir: str = ""
+    """Set by :func:`resolve`: where rows a model failed on go (quarantine), in Parquet."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "storage", (self.storage or StorageOptions()).with_env())
+        object.__setattr__(self, "sort_by", tuple(self.sort_by))
+        if self.format not in TABLE_FORMATS:
+            raise ConfigError(
+                f"table format {self.format!r} is not one of {', '.join(TABLE_FORMATS)}."
+            )
+        if self.format == "iceberg" and not self.table:
+            raise ConfigError("an iceberg output needs `table: namespace.name` (and a `catalog`).")
+        if self.format != "iceberg" and not self.path:
+            raise ConfigError(f"a {self.format} output needs `path:` (the table's location).")
+        if self.commit_seconds < 0:
+            raise ConfigError(f"commit_seconds must be >= 0, got {self.commit_seconds}.")
+        if self.index is not None and self.format != "lance":
+            raise ConfigError(
+                f"`index` is built for lance tables only; {self.format} has no vector index."
+            )
+
+    @property
+    def name(self) -> str:
+        """How messages name the table."""
+        return f"{self.format} table {self.table or self.path!r}"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file a commit adds, its path relative to the table's location."""
+
+    path: str
+    rows: int
+    bytes: int
+    fragment: Mapping[str, Any] | None = None
+    """Lance: the fragment's metadata (its JSON form), as the worker wrote it."""
+
+
+class Table(Protocol):
+    """A table as the driver sees it: one implementation per format."""
+
+    location: str
+    """The table's root URI (where its data files go)."""
+
+    def schema(self) -> pa.Schema | None:
+        """The table's schema as Arrow, or ``None`` while the table does not exist."""
+
+    def committed(self, tokens: set[str]) -> set[str]:
+        """Which of these batch tokens a commit in the table's history holds."""
+
+    def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
+        """Add ``files`` in one transaction whose metadata holds ``meta`` (creating the
+        table with ``schema`` if it does not exist)."""
+
+    def finish(self) -> dict[str, Any]:
+        """End of a run (an index to build): what the report says about the table."""
+
+
+def open_table(sink: TableSink) -> Table:
+    """The driver's handle on ``sink``'s table; its format's package imported now."""
+    package = TABLE_FORMATS[sink.format]
+    try:
+        module = importlib.import_module(f"chute.tables.{sink.format}")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != package:
+            raise
+        raise ConfigError(
+            f"writing {sink.format} tables needs the {package} package: "
+            f"pip install 'chute[{sink.format}]'"
+        ) from exc
+    table: Table = module.open_table(sink)
+    return table
+
+
+def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table]:
+    """``sink`` with its location and this job's data folder filled in, and its table."""
+    table = open_table(sink)
+    folder = DATA_DIR if sink.format == "lance" else f"{DATA_DIR}/chute-{job}"
+    errors = f"{META_DIR}/{JOBS_DIR}/{job}/errors"
+    resolved = replace(sink, path=table.location.rstrip("/"), job_dir=folder, errors_dir=errors)
+    return resolved, table
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def schema_bytes(schema: pa.Schema) -> str:
+    """An Arrow schema as text (for a part record)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def check_schema(table: pa.Schema, written: pa.Schema, where: str, ordered: bool = False) -> None:
+    """Refuse rows whose columns the table cannot take, naming the column and both types.
+
+    Types are compared as the table formats store them: a string is a string however
+    Arrow lays it out, and a fixed-size list (an embedding) is a list in Iceberg and Delta.
+    ``ordered``: the columns must also come in the table's order (Lance).
+    """
+    have = {f.name: f.type for f in table}
+    extra = [n for n in written.names if n not in have]
+    if extra:
+        raise DataError(
+            f"the job writes column(s) {', '.join(map(repr, extra))} that {where} does not "
+            f"have (its columns: {', '.join(table.names)}). Write to a new table, or leave "
+            "them out of the job's output (carryover, model outputs)."
+        )
+    for f in written:
+        if _kind(f.type) != _kind(have[f.name]):
+            raise DataError(
+                f"column {f.name!r} is {f.type} in the job's output but {have[f.name]} in "
+                f"{where}. Cast it in the model or preprocess step, or write to a new table."
+            )
+    if ordered and list(written.names) != list(table.names):
+        raise DataError(
+            f"{where} holds the columns {list(table.names)}, the job writes "
+            f"{list(written.names)}: a lance table is appended to column for column, in order."
+        )
+
+
+def _kind(kind: pa.DataType) -> str:
+    """A type as a table stores it."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is(kind, "string_view"):
+        return "string"
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return "binary"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return f"list<{_kind(kind.value_type)}>"
+    if pa.types.is_dictionary(kind):
+        return _kind(kind.value_type)
+    if pa.types.is_timestamp(kind):
+        return f"timestamp[{'tz' if kind.tz else ''}]"
+    return str(kind)
+
+
+def _is(kind: pa.DataType, name: str) -> bool:
+    test = getattr(pa.types, f"is_{name}", None)
+    return bool(test(kind)) if test is not None else False
+
+
+# --------------------------------------------------------------------------- commit metadata
+
+
+def units_text(indexes: Sequence[int]) -> str:
+    """Unit indexes as ranges: ``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    out: list[str] = []
+    ordered = sorted(set(indexes))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def units_of(text: str) -> list[int]:
+    """The inverse of :func:`units_text`."""
+    units: list[int] = []
+    for piece in filter(None, text.split(",")):
+        lo, _, hi = piece.partition("-")
+        units += range(int(lo), int(hi or lo) + 1)
+    return units
+
+
+def commit_meta(job: str, token: str, units: Sequence[int]) -> dict[str, str]:
+    """What a table commit's metadata says about the units it holds."""
+    return {JOB_KEY: job, BATCH_KEY: token, UNITS_KEY: units_text(units)}
+
+
+def part_info(schema: pa.Schema, fragments: Sequence[Mapping[str, Any]] = ()) -> str:
+    """What a part record tells the driver for a table: the part's schema (and the Lance
+    fragments it wrote)."""
+    info: dict[str, Any] = {"schema": schema_bytes(schema)}
+    if fragments:
+        info["fragments"] = [dict(f) for f in fragments]
+    return json.dumps(info, separators=(",", ":"))

@@ -1,0 +1,134 @@
+"""Apache Iceberg through pyiceberg: any catalog it supports (its SQL catalog on SQLite
+for local use and tests).
+
+A batch is one fast append of the Parquet files the workers wrote (``add_files``: their
+footers give the statistics, no row is read), whose snapshot summary carries chute's
+keys. A resume looks for a batch's token in the summaries of the current snapshot and its
+ancestors: a snapshot rolled back is not in the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import ancestors_of
+
+from chute.errors import ConfigError
+from chute.tables import BATCH_KEY, DataFile, TableSink
+
+COMMIT_ATTEMPTS = 5
+"""Tries of one append when another writer commits to the table at the same moment."""
+
+
+class Iceberg:
+    """The driver's handle on one Iceberg table."""
+
+    def __init__(self, sink: TableSink, catalog: Catalog, table: IcebergTable | None) -> None:
+        self.sink = sink
+        self.catalog = catalog
+        self._table = table
+        namespace, _, name = sink.table.rpartition(".")
+        self.location = (
+            table.location()
+            if table is not None
+            else sink.path or _default_location(catalog, namespace, name)
+        )
+
+    def schema(self) -> pa.Schema | None:
+        table = self._load()
+        return None if table is None else schema_to_pyarrow(table.schema(), include_field_ids=False)
+
+    def committed(self, tokens: set[str]) -> set[str]:
+        table = self._load()
+        if table is None or not tokens:
+            return set()
+        found = set()
+        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            token = snapshot.summary.get(BATCH_KEY) if snapshot.summary else None
+            if token in tokens:
+                found.add(token)
+        return found
+
+    def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
+        table = self._load() or self._create(schema)
+        paths = [f"{self.location}/{f.path}" for f in files]
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                # chute's tokens keep files from being added twice: no scan of every file
+                table.add_files(paths, snapshot_properties=meta, check_duplicate_files=False)
+                return
+            except CommitFailedException:
+                if attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+                table = table.refresh()  # another writer committed first: append on top
+
+    def finish(self) -> dict[str, Any]:
+        table = self._load()
+        snapshot = table.current_snapshot() if table is not None else None
+        return {
+            "format": "iceberg",
+            "table": self.sink.table,
+            "location": self.location,
+            "snapshot": snapshot.snapshot_id if snapshot is not None else None,
+        }
+
+    def _load(self) -> IcebergTable | None:
+        if self._table is None:
+            try:
+                self._table = self.catalog.load_table(self.sink.table)
+            except NoSuchTableError:
+                return None
+        else:
+            self._table = self._table.refresh()
+        return self._table
+
+    def _create(self, schema: pa.Schema) -> IcebergTable:
+        namespace, _, _ = self.sink.table.rpartition(".")
+        self.catalog.create_namespace_if_not_exists(namespace)
+        table = self.catalog.create_table_if_not_exists(
+            self.sink.table, schema=schema, location=self.location
+        )
+        if self.sink.sort_by and table.sort_order().is_unsorted:
+            with table.update_sort_order() as order:
+                for column in self.sink.sort_by:
+                    order.asc(column, _identity())
+        self._table = table
+        return table
+
+
+def _identity() -> Any:
+    from pyiceberg.transforms import IdentityTransform
+
+    return IdentityTransform()
+
+
+def _default_location(catalog: Catalog, namespace: str, name: str) -> str:
+    """Where the catalog puts a new table (its warehouse), so workers can write there."""
+    resolve = getattr(catalog, "_resolve_table_location", None)
+    if resolve is None:
+        raise ConfigError(
+            f"the catalog of iceberg table {namespace}.{name!r} does not say where a new table "
+            "goes: create the table first, or give the output a `path:` (its location)."
+        )
+    return str(resolve(None, namespace, name)).rstrip("/")
+
+
+def open_table(sink: TableSink) -> Iceberg:
+    properties = {k: str(v) for k, v in sink.catalog.items()}
+    if "." not in sink.table:
+        raise ConfigError(
+            f"iceberg table {sink.table!r} needs a namespace: write it like 'db.{sink.table}'."
+        )
+    catalog = load_catalog(properties.pop("name", "default"), **properties)
+    catalog.create_namespace_if_not_exists(sink.table.rpartition(".")[0])
+    try:
+        table: IcebergTable | None = catalog.load_table(sink.table)
+    except NoSuchTableError:
+        table = None
+    return Iceberg(sink, catalog, table)

@@ -1,0 +1,127 @@
+"""Lance through pylance: workers write fragments, the driver commits them.
+
+A worker writes a part as Lance data files with ``lance.fragment.write_fragments`` (into
+the dataset's ``data/`` folder; nothing is committed) and hands the fragment's metadata to
+the driver in its part record. A batch is one ``LanceOperation.Append`` of those fragments
+(``Overwrite`` creates the dataset), committed as a ``lance.Transaction`` whose
+``transaction_properties`` carry chute's keys. A fixed-size list column (an embedding) is
+a vector column; :class:`~chute.tables.Index` builds a vector index once, at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+os.environ.setdefault("LANCE_LOG", "error")  # not a warning per fragment of a new dataset
+
+import lance
+import pyarrow as pa
+from lance import LanceOperation
+from lance.fragment import FragmentMetadata
+
+from chute.storage import StorageOptions
+from chute.tables import BATCH_KEY, DATA_DIR, DataFile, TableSink
+from chute.tables.delta import storage_options
+
+TRANSACTIONS_PER_READ = 1_000
+"""How many recent transactions one look at the history reads (a batch being resolved
+is always among the last few)."""
+
+
+def write_fragments(
+    table: pa.Table, location: str, storage: StorageOptions | None
+) -> list[dict[str, Any]]:
+    """Write ``table`` as Lance data files of the dataset at ``location`` (uncommitted);
+    the fragments' metadata."""
+    fragments = lance.fragment.write_fragments(
+        table,
+        location,
+        schema=table.schema,
+        storage_options=storage_options(location, storage) or None,
+    )
+    return [dict(f.to_json()) for f in fragments]
+
+
+def fragment_files(fragment: dict[str, Any]) -> list[tuple[str, int]]:
+    """The data files of a fragment, relative to the dataset, with their sizes."""
+    return [
+        (f"{DATA_DIR}/{f['path']}", int(f.get("file_size_bytes") or 0)) for f in fragment["files"]
+    ]
+
+
+class Lance:
+    """The driver's handle on one Lance dataset."""
+
+    def __init__(self, sink: TableSink) -> None:
+        self.sink = sink
+        self.location = sink.path.rstrip("/")
+        self.options = storage_options(sink.path, sink.storage) or None
+
+    def _load(self) -> lance.LanceDataset | None:
+        try:
+            return lance.dataset(self.location, storage_options=self.options)
+        except (ValueError, FileNotFoundError, OSError):
+            return None
+
+    def schema(self) -> pa.Schema | None:
+        dataset = self._load()
+        return None if dataset is None else dataset.schema
+
+    def committed(self, tokens: set[str]) -> set[str]:
+        dataset = self._load()
+        if dataset is None or not tokens:
+            return set()
+        found = set()
+        for transaction in dataset.get_transactions(TRANSACTIONS_PER_READ):
+            props = (transaction.transaction_properties or {}) if transaction else {}
+            if props.get(BATCH_KEY) in tokens:
+                found.add(props[BATCH_KEY])
+        return found
+
+    def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
+        fragments = [FragmentMetadata.from_json(_json(f.fragment)) for f in files if f.fragment]
+        dataset = self._load()
+        if dataset is None:
+            operation: LanceOperation.BaseOperation = LanceOperation.Overwrite(schema, fragments)
+            version = 0
+        else:
+            operation, version = LanceOperation.Append(fragments), dataset.version
+        transaction = lance.Transaction(version, operation, transaction_properties=meta)
+        lance.LanceDataset.commit(
+            self.location, transaction, read_version=version, storage_options=self.options
+        )
+
+    def finish(self) -> dict[str, Any]:
+        dataset = self._load()
+        report: dict[str, Any] = {"format": "lance", "location": self.location}
+        index = self.sink.index
+        if dataset is not None and index is not None:
+            dataset.create_index(
+                index.column,
+                index.type.upper(),
+                metric=index.metric,
+                replace=True,
+                num_partitions=index.num_partitions,
+                num_sub_vectors=index.num_sub_vectors,
+            )
+            dataset = self._load()
+            report["index"] = {
+                "column": index.column,
+                "type": index.type,
+                "metric": index.metric,
+                "rows": dataset.count_rows() if dataset is not None else 0,
+            }
+        report["version"] = dataset.version if dataset is not None else None
+        return report
+
+
+def _json(fragment: Any) -> str:
+    import json
+
+    return json.dumps(dict(fragment))
+
+
+def open_table(sink: TableSink) -> Lance:
+    return Lance(sink)
