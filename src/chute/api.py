@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from chute.job import EngineName, JobSpec, Model, Sink
+from chute.job import BatchFormat, EngineName, JobSpec, Model, Sink
 from chute.report import Report
 from chute.runner import run_job
 from chute.sources import as_source
@@ -34,13 +34,24 @@ class Job(JobSpec):
         return run_job(self, progress=progress, overwrite=overwrite, verbose=verbose, limit=limit)
 
 
-def _models(model: Model | Sequence[Model] | Any) -> tuple[Model, ...]:
+def _models(model: Model | Sequence[Model] | Any, data: Any = None) -> tuple[Model, ...]:
     if isinstance(model, Model):
         return (model,)
     if isinstance(model, (list, tuple)) and all(isinstance(m, Model) for m in model):
         return tuple(model)
     fn: Any = model
-    return (Model("prediction", fn),)
+    return (Model("prediction", fn, batch_format=batch_format_of(data)),)
+
+
+def batch_format_of(data: Any) -> BatchFormat:
+    """The batch a bare function gets: the type it gave — a pandas DataFrame in, pandas
+    batches; a dict of NumPy arrays in, NumPy dicts; anything else (files, Arrow, a Ray
+    Dataset) pyarrow Tables."""
+    if type(data).__module__.startswith("pandas"):
+        return "pandas"
+    if isinstance(data, dict):
+        return "numpy"
+    return "pyarrow"
 
 
 def predict(
@@ -53,13 +64,16 @@ def predict(
     """Run one or more models over in-memory data or files and return a DataFrame.
 
     ``model`` is a :class:`Model`, a list of them, or a bare function / class (named
-    ``prediction``). Every input column is carried through unless ``carryover`` says
-    otherwise; rows come back in input order.
+    ``prediction``), which gets batches of the data's own type: pandas DataFrames for a
+    DataFrame, dicts of NumPy arrays for a dict of arrays, pyarrow Tables otherwise (a
+    :class:`Model` says its ``batch_format``). Every input column is carried through
+    unless ``carryover`` says otherwise; rows come back in input order.
 
-    >>> chute.predict(df, lambda b: {"y": b["x"]})  # doctest: +SKIP
+    >>> chute.predict(df, lambda batch: batch["x"] * 2)  # doctest: +SKIP
     """
     carry = (carryover,) if isinstance(carryover, str) else tuple(carryover)
-    job = Job(source=as_source(data), models=_models(model), carryover=carry, engine=engine)
+    models = _models(model, data)
+    job = Job(source=as_source(data), models=models, carryover=carry, engine=engine)
     report = job.run()
     assert report.result is not None
     frame: pd.DataFrame = report.result.to_pandas()
@@ -80,7 +94,7 @@ def run(
     """Run models over ``data`` and write the results under ``output``; return the report."""
     job = Job(
         source=as_source(data),
-        models=_models(model),
+        models=_models(model, data),
         carryover=tuple(carryover),
         output=Sink(output, format),  # type: ignore[arg-type]
         engine=engine,

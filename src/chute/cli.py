@@ -48,7 +48,47 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Command(click.Command):
+    """A command whose one-line description is never cut short, with an example:
+    ``@main.command(example="chute run job.yaml")``."""
+
+    def __init__(self, *args: Any, example: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.example = example
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The first sentence of the help, whole (click cuts it at ``limit`` with "...")."""
+        if self.short_help:
+            return self.short_help
+        first = (self.help or "").strip().split("\n\n")[0]
+        return " ".join(first.split())
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        if self.example:
+            with formatter.section("Example"):
+                formatter.write_text(self.example)
+
+
+class Group(click.Group):
+    """``chute --help``: every command's whole description, then an example of each."""
+
+    command_class = Command
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            example = getattr(cmd, "example", None)
+            if cmd is not None and not cmd.hidden and example:
+                rows.append((name, example))
+        if rows:
+            with formatter.section("Examples"):
+                formatter.write_dl(rows)
+        super().format_epilog(ctx, formatter)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="chute")
 def main() -> None:
     """chute: offline batch inference, streaming and resumable, in one process or on Ray."""
@@ -92,7 +132,7 @@ def _load(job_file: str, **opts: Any) -> Job:
     )
 
 
-@main.command()
+@main.command(example="chute run job.yaml  (again: resumes; --limit 20 tries 20 rows)")
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @job_options
 @click.option(
@@ -113,7 +153,7 @@ def run(
     if limit is not None:
         _print_sample(report, limit)
         return
-    console.print(report.render())
+    console.print(report)
 
 
 def _print_sample(report: Report, limit: int) -> None:
@@ -130,33 +170,37 @@ def _print_sample(report: Report, limit: int) -> None:
     console.print("Run without --limit for the full job.")
 
 
-@main.command()
+@main.command(example="chute validate job.yaml")
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @job_options
+@click.option("--overwrite", is_flag=True, help="Check as for a run with --overwrite.")
 @handle_errors
-def validate(job_file: str, **opts: Any) -> None:
-    """Check JOB_FILE and the columns it names against the data's schema; run nothing."""
-    from chute.plan import build_plan
+def validate(job_file: str, overwrite: bool, **opts: Any) -> None:
+    """Check JOB_FILE before any compute: keys, columns, code, resources and output; run
+    nothing.
 
-    plan = build_plan(_load(job_file, **opts))
-    console.print(
-        f"[green]ok[/]: {job_file} is valid — {len(plan.units)} unit(s), "
-        f"{len(plan.stages)} model(s)."
-    )
+    Everything a run checks before it writes: the keys and values, every column against
+    the data's schema, that each fn: imports, that resources fit the machine (or the
+    cluster at --address), and that the output can take the run."""
+    from chute.planview import validate_job
+
+    for line in validate_job(_load(job_file, **opts), overwrite=overwrite):
+        console.print(f"  {escape(line)}", highlight=False)
+    console.print(f"[green]ok[/]: {escape(job_file)} is valid.", highlight=False)
 
 
-@main.command()
+@main.command(example="chute plan job.yaml --address HEAD_IP:6379")
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @job_options
 @handle_errors
 def plan(job_file: str, **opts: Any) -> None:
-    """Show what the job would run: units, rows, stages, resources, pools."""
+    """Show what the job would run: units, rows, stages, resources, pools; run nothing."""
     from chute.planview import render_plan
 
     console.print(render_plan(_load(job_file, **opts)))
 
 
-@main.command()
+@main.command(example="chute status out/tips/  (or the job file: chute status job.yaml)")
 @click.argument("output")
 @handle_errors
 def status(output: str) -> None:
@@ -166,7 +210,7 @@ def status(output: str) -> None:
     console.print(render_status(*_location(output)))
 
 
-@main.command()
+@main.command(example="chute report out/tips/")
 @click.argument("output")
 @handle_errors
 def report(output: str) -> None:
@@ -176,7 +220,7 @@ def report(output: str) -> None:
     from chute.planview import rewrite_report
 
     summary, html_path = rewrite_report(*_location(output))
-    console.print(summary.render())
+    console.print(summary)
     console.print(f"HTML report: {html_path}")
 
 
@@ -190,7 +234,7 @@ def _location(output: str) -> tuple[str, Any]:
     return output, None
 
 
-@main.command()
+@main.command(example="chute demo --rows 100000")
 @click.option(
     "--dir",
     "directory",
@@ -215,7 +259,7 @@ def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
     console.print(f"Generating {total:,} taxi trips in {os.path.join(directory, 'taxi')} ...")
     job = demo_job(directory, engine=engine, rows=total)
     report = job.run(progress=True, overwrite=True, verbose=verbose)
-    console.print(report.render())
+    console.print(report)
     assert job.output is not None
     console.print(
         f"Results: {job.output.path}  (report: "

@@ -263,3 +263,26 @@ def _started(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, where /proc has it."""
     fields = _stat(pid)
     return int(fields[19]) if len(fields) > 19 else None  # field 22 of proc(5)
+
+
+def live_claims(fs: pafs.FileSystem, meta: str) -> list[Claim]:
+    """The claims of runs that still own the location whose chute folder is ``meta``,
+    read without writing anything (``chute validate``): a claim from this machine whose
+    process runs, or one from another machine whose heartbeat is younger than its TTL."""
+    folder = f"{meta}/{OWNERS_DIR}"
+    selector = pafs.FileSelector(folder, allow_not_found=True)
+    infos = retrying(lambda: fs.get_file_info(selector), "listing claims")
+    reader = Lease(fs, meta, Claim.mine(TTL_SECONDS))
+    live = []
+    for info in infos:
+        claim = reader._read(info.path) if info.base_name.endswith(".json") else None
+        if claim is None:
+            continue
+        if claim.here():
+            alive = claim.alive_here()
+        else:
+            age = time.time() - info.mtime.timestamp() if info.mtime is not None else 0.0
+            alive = age <= claim.ttl
+        if alive:
+            live.append(claim)
+    return live

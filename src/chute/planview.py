@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pyarrow.fs as pafs
 from rich.console import Group, RenderableType
@@ -11,14 +12,34 @@ from rich.text import Text
 
 import chute.engines as engines
 from chute.engines import EngineOptions
-from chute.errors import JobStateError
-from chute.job import JobSpec
+from chute.engines.resources import StageResources
+from chute.errors import ChuteError, JobStateError
+from chute.job import JobSpec, Model, fingerprint_of
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.models import AdapterSpec
-from chute.plan import build_plan
+from chute.plan import StagePlan, build_plan
+from chute.preflight import check_job, check_machine
 from chute.report import Report, memory_notes
 from chute.sinks import output_filesystem
 from chute.storage import StorageOptions, redact
+from chute.terminal import Folded
+
+
+def validate_job(job: JobSpec, overwrite: bool = False) -> list[str]:
+    """What ``chute validate`` checks, one line each; raises the first problem found."""
+    plan = build_plan(job)
+    name, reason = engines.choose(job)
+    engine = engines.create(name, EngineOptions(job.address))
+    description = job.describe()
+    rows = plan.total_rows
+    lines = [
+        f"{len(plan.units):,} unit(s), "
+        + (f"{rows:,} rows" if rows is not None else "rows unknown until read")
+        + f", {len(plan.stages):,} model(s); columns found in the data",
+        f"engine {name} ({reason})",
+    ]
+    fingerprint = fingerprint_of(description)
+    return lines + check_job(plan, fingerprint, description, engine=engine, overwrite=overwrite)
 
 
 def render_plan(job: JobSpec) -> RenderableType:
@@ -28,42 +49,75 @@ def render_plan(job: JobSpec) -> RenderableType:
     resources, basis = engine.stage_resources(plan)
     rows = plan.total_rows
     head = Table(show_header=False, title="chute plan", title_justify="left")
-    head.add_column(style="bold")
+    head.add_column(style="bold", no_wrap=True)
     head.add_column()
-    head.add_row("engine", f"{name} — {reason}")
+    head.add_row("engine", Folded(f"{name} — {reason}"))
     head.add_row(
         "input",
-        _source_line(job.source)
-        + f": {len(plan.units)} unit(s), "
-        + (f"{rows:,} rows" if rows is not None else "rows unknown until read"),
+        Folded(
+            _source_line(job.source)
+            + f": {len(plan.units):,} unit(s), "
+            + (f"{rows:,} rows" if rows is not None else "rows unknown until read")
+        ),
     )
-    head.add_row("columns read", ", ".join(plan.read_columns) if plan.read_columns else "all")
-    head.add_row("carryover", ", ".join(plan.carryover) or "(none)")
+    head.add_row("columns read", Folded(", ".join(plan.read_columns or []) or "all"))
+    head.add_row("carryover", Folded(", ".join(plan.carryover) or "(none)"))
     head.add_row(
-        "output", f"{redact(job.output.path)} ({job.output.format})" if job.output else "memory"
+        "output",
+        Folded(f"{redact(job.output.path)} ({job.output.format})" if job.output else "memory"),
     )
-    stages = Table(title=f"model stages (resources for {basis})", title_justify="left")
-    for col in ("model", "runs", "inputs", "batch rows", "format", "cpus", "gpus", "memory"):
-        stages.add_column(col, overflow="fold")
-    stages.add_column("pool")
-    stages.add_column("timeout")
-    notes = []
+    head.add_row("resources for", Folded(basis))
+    stages = Table(title="model stages", title_justify="left", show_header=False)
+    stages.add_column(style="bold", no_wrap=True)
+    for _ in plan.stages:
+        stages.add_column()
+    cells: dict[str, list[RenderableType]] = {}
+    notes: list[RenderableType] = []
     for stage, res in zip(plan.stages, resources, strict=True):
-        stages.add_row(
-            stage.model.name,
-            runs(stage.model.fn),
-            ", ".join(stage.inputs),
-            f"{stage.batch_rows:,}" + (" (auto)" if stage.model.batch_size.auto else ""),
-            stage.batch_format,
-            f"{res.cpus:g}",
-            f"{res.gpus:g}",
-            f"{res.memory / 2**30:.1f} GiB" if res.memory else "-",
-            f"{res.min}" if res.min == res.max else f"{res.min}–{res.max}",
-            f"{stage.model.timeout:g} s" if stage.model.timeout else "none",
-        )
-        if res.note:
-            notes.append(Text(f"{stage.model.name}: {res.note}"))
+        for key, value in _stage_cells(stage, res).items():
+            cells.setdefault(key, []).append(value)
+        notes += [Text(f"{stage.model.name}: {note}") for note in _notes(stage.model, res, job)]
+    for key, values in cells.items():
+        stages.add_row(key, *values)
     return Group(head, stages, *notes)
+
+
+def _stage_cells(stage: StagePlan, res: StageResources) -> dict[str, RenderableType]:
+    """One model stage, by row of the stages table (a column per model)."""
+    model = stage.model
+    return {
+        "model": Text(model.name, style="bold"),
+        "runs": Folded(runs(model.fn)),
+        "inputs": Folded(", ".join(stage.inputs)),
+        "batch rows": f"{stage.batch_rows:,}" + (" (auto)" if model.batch_size.auto else ""),
+        "batch format": stage.batch_format,
+        "cpus / gpus": f"{res.cpus:g} / {res.gpus:g} per replica",
+        "memory": f"{res.memory / 2**30:.1f} GiB" if res.memory else "-",
+        "pool": f"{res.min:,}" if res.min == res.max else f"{res.min:,}–{res.max:,}",
+        "timeout": f"{model.timeout:g} s per batch" if model.timeout else "none",
+    }
+
+
+def _notes(model: Model, res: StageResources, job: JobSpec) -> list[str]:
+    """Why a pool is smaller than asked, what the engine scaled, what will not fit."""
+    notes = [res.note] if res.note else []
+    asked = model.pool.max
+    if asked is not None and res.max < asked:
+        cpus = model.resources.cpus or 1.0
+        cores = os.cpu_count() or 1
+        if model.resources.gpus > 0 and res.max < cores // cpus:
+            why = f"each replica takes {model.resources.gpus:g} GPU(s)"
+        else:
+            why = f"this machine has {cores:,} CPU(s) and each replica takes {cpus:g}"
+        notes.append(
+            f"pool capped at {res.max:,} of the {model.pool.min:,}–{asked:,} asked: {why} "
+            "(resources.cpus)."
+        )
+    try:
+        check_machine(replace(job, models=(model,)))
+    except ChuteError as exc:
+        notes.append(f"will not run: {exc}")
+    return notes
 
 
 def _source_line(source: object) -> str:

@@ -5,16 +5,19 @@ The console and the clock are injected, so tests can check the output exactly.
 
 from __future__ import annotations
 
+import html
+import io
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
+from rich import get_console
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     Task,
@@ -24,6 +27,8 @@ from rich.progress import (
 )
 from rich.table import Table
 from rich.text import Text
+
+from chute.terminal import PROGRESS_EVERY, Folded, ProgressLines
 
 
 @dataclass
@@ -114,44 +119,80 @@ class Report:
         values["stages"] = {k: StageStats(**v) for k, v in data.get("stages", {}).items()}
         return cls(**values)
 
-    def render(self) -> Table:
+    def render(self, width: int = 100) -> str:
+        """The summary as plain text, as ``print(report)`` shows it."""
+        console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+        console.print(self.table())
+        lines = console.export_text().rstrip().splitlines()
+        return "\n".join(line.rstrip() for line in lines) + "\n"
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __rich__(self) -> Table:
+        """``console.print(report)``: the summary table."""
+        return self.table()
+
+    def _repr_html_(self) -> str:
+        """The summary as an HTML table, for Jupyter."""
+        cells = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+            for k, v in self.rows()
+        )
+        return f"<table><caption style='text-align:left'>chute report</caption>{cells}</table>"
+
+    def table(self) -> Table:
         """The summary as a rich table."""
         table = Table(title="chute report", show_header=False, title_justify="left")
-        table.add_column(style="bold")
+        table.add_column(style="bold", no_wrap=True)
         table.add_column()
-        table.add_row("engine", f"{self.engine} ({self.engine_reason})")
-        table.add_row("output", self.output or "(in memory)")
-        table.add_row(
-            "units",
-            f"{self.units_done} run, {self.units_skipped} already done, {self.units_total} in all",
-        )
-        table.add_row("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}")
-        for bad in self.units_bad:
-            table.add_row("skipped input", f"{bad['unit']}: {bad['error']}")
+        for name, value in self.rows():
+            table.add_row(name, Folded(value))
+        return table
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The summary, one (name, value) pair a line."""
+        rows = [
+            ("engine", f"{self.engine} ({self.engine_reason})"),
+            ("output", self.output or "(in memory)"),
+            (
+                "units",
+                f"{self.units_done:,} run, {self.units_skipped:,} already done, "
+                f"{self.units_total:,} in all",
+            ),
+            ("rows in / out", f"{self.rows_in:,} / {self.rows_out:,}"),
+        ]
+        rows += [("skipped input", f"{bad['unit']}: {bad['error']}") for bad in self.units_bad]
         if self.units_redone:
             shown = ", ".join(self.units_redone[:3]) + (", …" if len(self.units_redone) > 3 else "")
-            table.add_row(
-                "units redone",
-                f"{len(self.units_redone)} committed earlier had missing or changed files "
-                f"({shown})",
+            rows.append(
+                (
+                    "units redone",
+                    f"{len(self.units_redone):,} committed earlier had missing or changed "
+                    f"files ({shown})",
+                )
             )
         if self.rows_failed:
-            table.add_row("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)")
+            rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)"))
         if self.rows_skipped:
-            table.add_row("rows already done", f"{self.rows_skipped:,}")
-        table.add_row("wall time", f"{self.wall_seconds:.2f} s")
-        table.add_row("throughput", f"{self.rows_per_second:,.0f} rows/s")
+            rows.append(("rows already done", f"{self.rows_skipped:,}"))
+        rows.append(("wall time", f"{self.wall_seconds:,.2f} s"))
+        rows.append(("throughput", f"{self.rows_per_second:,.0f} rows/s"))
         for name, stats in self.stages.items():
-            table.add_row(
-                f"busy: {name}", f"{stats.busy_seconds:.2f} s over {stats.batches} batches"
+            rows.append(
+                (
+                    f"busy: {name}",
+                    f"{stats.busy_seconds:,.2f} s over {stats.batches:,} batches "
+                    "(summed over its replicas or threads)",
+                )
             )
             if stats.memory_note:
-                table.add_row(f"model {name}", stats.memory_note)
+                rows.append((f"model {name}", stats.memory_note))
         for owner, metrics in self.metrics.items():
-            for name, values in metrics.items():
-                table.add_row(f"{owner}: {name}", _headline(values))
-        table.add_row("status", "complete" if self.complete else "INCOMPLETE")
-        return table
+            rows += [(f"{owner}: {name}", _headline(values)) for name, values in metrics.items()]
+        rows.append(("status", "complete" if self.complete else "INCOMPLETE"))
+        return rows
 
 
 def memory_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
@@ -180,17 +221,29 @@ def _headline(values: dict[str, Any]) -> str:
     return ", ".join(shown[:6])
 
 
-class RateColumn(ProgressColumn):
-    """Rows per second, averaged over the run."""
+class RowsColumn(ProgressColumn):
+    """Rows written out of the total, with thousands separators: ``512,000/1,710,629``."""
 
     def render(self, task: Task) -> Text:
+        total = f"{int(task.total):,}" if task.total is not None else "?"
+        return Text(f"{int(task.completed):,}/{total}", style="progress.download")
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second, averaged over the run so far; blank once every row is written,
+    when the report's throughput is the run's one figure."""
+
+    def render(self, task: Task) -> Text:
+        if task.finished:
+            return Text("")
         elapsed = task.elapsed or 0.0
         rate = task.completed / elapsed if elapsed > 0 else 0.0
         return Text(f"{rate:,.0f} rows/s", style="progress.data.speed")
 
 
 class ProgressBar:
-    """One bar: rows written out of the total, with rows/s and ETA."""
+    """One bar: rows written out of the total, with rows/s and ETA. When the console is
+    not a terminal (a CI log), a plain line every ``every`` seconds instead."""
 
     def __init__(
         self,
@@ -198,31 +251,55 @@ class ProgressBar:
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
         enabled: bool = True,
+        every: float = PROGRESS_EVERY,
     ) -> None:
+        console = console or get_console()
+        self._lines = (
+            ProgressLines(total, console, clock, every)
+            if enabled and not console.is_terminal
+            else None
+        )
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(bar_width=24),
-            MofNCompleteColumn(),
+            RowsColumn(),
             RateColumn(),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=console,
             get_time=clock,
-            disable=not enabled,
+            disable=not enabled or self._lines is not None,
             transient=False,
         )
         self._task = self._progress.add_task("units", total=total)
+        self._ticker = threading.Event()
 
     def __enter__(self) -> ProgressBar:
         self._progress.start()
+        if self._lines is not None:
+            self._lines.start()
+            threading.Thread(target=self._tick, name="chute-progress", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._ticker.set()
         self._progress.stop()
+        if self._lines is not None:
+            self._lines.finish()
+
+    def _tick(self) -> None:
+        """A line every few seconds even while no rows arrive (a slow model)."""
+        assert self._lines is not None
+        while not self._ticker.wait(0.5):
+            self._lines.tick()
 
     def advance(self, rows: int) -> None:
         self._progress.advance(self._task, rows)
+        if self._lines is not None:
+            self._lines.advance(rows)
 
     def describe(self, text: str) -> None:
         self._progress.update(self._task, description=text)
+        if self._lines is not None:
+            self._lines.describe(text)

@@ -27,6 +27,7 @@ from chute.lease import Lease
 from chute.ledger import Ledger
 from chute.metrics import State
 from chute.plan import Plan, build_plan
+from chute.preflight import check_job
 from chute.report import ProgressBar, Report, StageStats
 from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
@@ -225,6 +226,7 @@ def run_job(
     engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
     description = job.describe()  # once: it hashes in-memory data and model arguments
     run = _Run(plan, fingerprint_of(description), started, name, reason)
+    check_job(plan, run.fingerprint, description, overwrite=overwrite)  # before any write
     if job.output is None:
         return _execute(run, engine, None, progress, console)
     table = _table(plan, run.fingerprint)

@@ -10,11 +10,17 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import pkgutil
 import sys
 import threading
 from typing import Any
 
-from chute.errors import ConfigError, ModelError
+from chute.errors import ConfigError, ModelError, did_you_mean
+
+HOW_FN_RESOLVES = (
+    "A target is 'module:name', the module imported from sys.path (installed packages, and "
+    "the job file's directory), or 'file.py:name', a file relative to the job file."
+)
 
 
 def import_string(target: str) -> Any:
@@ -26,6 +32,13 @@ def import_string(target: str) -> Any:
         )
     try:
         module = _import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(_not_found(module_name, target, exc)) from exc
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"cannot import {target!r}: the file {module_name} does not exist."
+            f"{_near_file(module_name)} {HOW_FN_RESOLVES}"
+        ) from exc
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r} (from {target!r}): {exc}") from exc
     except Exception as exc:
@@ -35,7 +48,64 @@ def import_string(target: str) -> Any:
     try:
         return getattr(module, attr)
     except AttributeError as exc:
-        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}.") from exc
+        names = _own_names(module)
+        raise ConfigError(
+            f"module {module_name!r} (from {target!r}) has no attribute {attr!r}."
+            f"{did_you_mean(attr, names)} Its names: {', '.join(names[:20])}"
+            f"{', …' if len(names) > 20 else ''}."
+        ) from exc
+
+
+def _not_found(module_name: str, target: str, exc: ModuleNotFoundError) -> str:
+    """The module itself is not on sys.path (did you mean …?), or it imports a missing one."""
+    missing = exc.name or ""
+    if missing and missing not in _with_parents(module_name):
+        return (
+            f"importing {module_name!r} (from {target!r}) failed: it imports {missing!r}, "
+            f"which is not installed here ({exc}). Install it, or fix the import."
+        )
+    missing = missing or module_name
+    parent = missing.rpartition(".")[0]
+    near = [f"{parent}.{name}" if parent else name for name in _modules_in(parent)]
+    return (
+        f"cannot import {target!r}: no module named {missing!r} on sys.path."
+        f"{did_you_mean(missing, near)} {HOW_FN_RESOLVES}"
+    )
+
+
+def _own_names(module: Any) -> list[str]:
+    """The public names ``module`` defines (not the modules and names it imports)."""
+    own = module.__name__
+    return [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, type(sys))
+        and getattr(value, "__module__", own) in (own, None)
+        and not (callable(value) and getattr(value, "__module__", None) != own)
+    ]
+
+
+def _modules_in(package: str) -> list[str]:
+    """Module names importable at the top level, or inside ``package``."""
+    if not package:
+        return [m.name for m in pkgutil.iter_modules()]
+    try:
+        path = importlib.import_module(package).__path__
+    except (ImportError, AttributeError):
+        return []
+    return [m.name for m in pkgutil.iter_modules(path)]
+
+
+def _near_file(path: str) -> str:
+    """`` Did you mean '/job/model.py'?`` over the Python files beside ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(".py")]
+    except OSError:
+        return ""
+    hint = did_you_mean(os.path.basename(path), names)
+    return hint.replace("'", f"'{folder}{os.sep}", 1) if hint else ""
 
 
 def add_code_dir(path: str) -> None:

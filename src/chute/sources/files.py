@@ -7,6 +7,7 @@ here reads data rows until an engine asks for a unit.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import io
 import os
@@ -72,7 +73,10 @@ def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInf
         return sorted(files, key=lambda i: i.path)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
-        raise DataError(f"input path {redact(original)!r} does not exist. Check the path.")
+        raise DataError(
+            f"input path {redact(original)!r} does not exist.{_near(fs, path, original)} "
+            "Check the path."
+        )
     if info.type == pafs.FileType.File:
         return [info]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
@@ -80,6 +84,24 @@ def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInf
         i for i in infos if i.is_file and not _hidden(i.path[len(path) :]) and i.size and i.size > 0
     ]
     return sorted(files, key=lambda i: i.path)
+
+
+def _near(fs: pafs.FileSystem, path: str, original: str) -> str:
+    """`` Did you mean 'data/taxi/'?``: the closest name in the nearest folder that exists,
+    written as the user wrote the path."""
+    stripped = path.rstrip("/")
+    folder, _, name = stripped.rpartition("/")
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(folder or "/", allow_not_found=True))
+    except OSError:
+        return ""
+    matches = difflib.get_close_matches(name, [i.base_name for i in infos], n=1, cutoff=0.6)
+    if not matches:
+        return ""
+    head = original.rstrip("/")
+    head = head[: len(head) - len(name)] if head.endswith(name) else ""
+    slash = "/" if original.endswith("/") else ""
+    return f" Did you mean {redact(head + matches[0] + slash)!r}?"
 
 
 def _empty_files(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:

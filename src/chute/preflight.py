@@ -1,0 +1,157 @@
+"""Everything about a job that can be known before compute, checked before anything is
+written: ``chute validate`` runs these checks, and every run runs them before it claims
+its output (so a job that cannot run leaves no ``_chute/`` behind).
+
+* **code** — every ``fn:`` (models, preprocess) imports and has the attribute it names,
+  with "Did you mean …?" over the module's names and the rule for how ``fn:`` resolves;
+* **resources** — a replica's CPUs and GPUs fit this machine (a cluster at an address is
+  checked by the engine: ``stage_resources`` plans the pools against it);
+* **output** — not a file, writable, not owned by a live run, not holding another job.
+
+The schema checks (columns, metric columns, CSV output) are the plan's own
+(:func:`chute.plan.build_plan`): a plan exists only for a job that passed them.
+
+A cluster at an address may have packages this machine lacks, so there a ``fn:`` that
+does not import here is a warning, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from chute.engines import Engine
+from chute.engines.resources import check_local
+from chute.errors import ConfigError, JobStateError, ResourceError
+from chute.job import JobSpec, describe_changes
+from chute.lease import live_claims
+from chute.ledger import META_DIR, SUCCESS, Ledger
+from chute.plan import Plan
+from chute.sinks import output_filesystem
+from chute.storage import check, redact
+from chute.tables import TableSink
+from chute.usercode import import_string
+
+log = logging.getLogger("chute")
+
+FILE_FORMATS = ("parquet", "csv", "jsonl")
+
+
+def check_job(
+    plan: Plan,
+    fingerprint: str,
+    description: dict[str, Any],
+    *,
+    engine: Engine | None = None,
+    overwrite: bool = False,
+) -> list[str]:
+    """Run every check; return what was checked, one line each (``chute validate`` prints
+    them). ``engine``: also plan its resources (``validate``; a run has prepared it)."""
+    job = plan.job
+    done = [check_code(job, remote=remote(job))]
+    done.append(check_machine(job))
+    if engine is not None:
+        stages, basis = engine.stage_resources(plan)
+        pools = ", ".join(f"{s.name} {s.max:,} replica(s)" for s in stages)
+        done.append(f"pools: {pools} ({basis})")
+    done.append(check_output(job, fingerprint, description, overwrite))
+    return [line for line in done if line]
+
+
+def remote(job: JobSpec) -> bool:
+    """Whether the job runs on a cluster at an address (not on this machine)."""
+    return bool(job.address or os.environ.get("RAY_ADDRESS"))
+
+
+def check_code(job: JobSpec, remote: bool = False) -> str:
+    """Import every ``fn:`` the job names by string; fail (or, for a remote cluster, warn)
+    naming the model and the fix."""
+    targets = [(f"model {m.name!r}: fn", m.fn) for m in job.models if isinstance(m.fn, str)]
+    if job.preprocess is not None and isinstance(job.preprocess.fn, str):
+        targets.append(("preprocess: fn", job.preprocess.fn))
+    for where, target in targets:
+        try:
+            import_string(target)
+        except ConfigError as exc:
+            if not remote:
+                raise ConfigError(f"{where}: {exc}") from exc
+            log.warning("%s: %s (the cluster may have it; it is not checked here)", where, exc)
+    return f"code imports: {', '.join(t for _, t in targets)}" if targets else ""
+
+
+def check_machine(job: JobSpec) -> str:
+    """On this machine (no cluster address): a replica's CPUs and GPUs must fit it."""
+    if remote(job):
+        return ""
+    cores = os.cpu_count() or 1
+    for model in job.models:
+        cpus = model.resources.cpus
+        if cpus is not None and cpus > cores:
+            raise ResourceError(
+                f"model {model.name!r} asks for {cpus:g} CPUs per replica but this machine "
+                f"has {cores:,}: no replica could ever start. Set resources.cpus to {cores} "
+                "or less, or run on a cluster that has such nodes (--address)."
+            )
+    check_local(list(job.models))
+    return f"resources fit this machine ({cores:,} CPUs)"
+
+
+def check_output(
+    job: JobSpec, fingerprint: str, description: dict[str, Any], overwrite: bool = False
+) -> str:
+    """The output location can take this run: a writable directory (or none yet), that no
+    live run owns and that holds no other job's results (unless ``overwrite``)."""
+    sink = job.output
+    if sink is None or sink.format not in FILE_FORMATS:
+        return ""  # none, or a table: its location is resolved (and claimed) by the runner
+    if isinstance(sink, TableSink):  # a table's location holds its own files
+        return f"output {sink.name}: its claim and schema are checked when it is opened"
+    where = redact(sink.path)
+    check(sink.path, sink.storage, "output")
+    fs, root = output_filesystem(sink.path, sink.storage)
+    kind = fs.get_file_info(root).type
+    if kind == pafs.FileType.File:
+        raise JobStateError(
+            f"output {where!r} is a file; give a directory (a new or empty one, or one "
+            "that holds this job's earlier results)."
+        )
+    if kind == pafs.FileType.NotFound:
+        return f"output {where} is new"
+    owners = live_claims(fs, f"{root}/{META_DIR}")
+    if owners:
+        raise JobStateError(
+            f"output {where!r} is in use by another chute run: {owners[0].describe()}. Wait "
+            "for it to finish or stop it, or choose another output location."
+        )
+    if overwrite:
+        return f"output {where} will be overwritten"
+    return _holds(fs, root, where, fingerprint, description)
+
+
+def _holds(
+    fs: pafs.FileSystem, root: str, where: str, fingerprint: str, description: dict[str, Any]
+) -> str:
+    """What an existing output directory holds: nothing, this job (a resume), or refused."""
+    ledger = Ledger(fs, root)
+    owner = ledger.read_json("job.json")
+    if owner is None:
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(root))]
+        if any(n not in (META_DIR, SUCCESS) for n in names):
+            raise JobStateError(
+                f"output {where!r} holds files that chute did not write. Choose an empty or "
+                "new directory, or pass --overwrite to replace its contents."
+            )
+        return f"output {where} is empty"
+    entries = ledger.read_entries()
+    if owner.get("fingerprint") != fingerprint and entries:
+        changed = describe_changes(owner.get("job", {}), description)
+        raise JobStateError(
+            f"output {where!r} holds the results of a different job (changed: {changed}). "
+            "Use another output location, or pass --overwrite to discard the earlier results."
+        )
+    if owner.get("fingerprint") == fingerprint and entries:
+        return f"output {where} holds {len(entries):,} committed unit(s) of this job: resumes"
+    return f"output {where} is empty"
