@@ -265,3 +265,26 @@ def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
         f"Results: {job.output.path}  (report: "
         f"{os.path.join(job.output.path, '_chute', 'report.json')})"
     )
+
+
+@main.command("run-batch")
+@click.option("-i", "--input-file", required=True, help="OpenAI Batch requests (JSON Lines).")
+@click.option(
+    "-o", "--output-file", required=True, help="A file (written whole at the end) or a folder/."
+)
+@click.option("--model", required=True, help="The local model directory.")
+@click.option("--seed", type=int, help="Job seed: each request's seed comes from it and its id.")
+@click.option("--max-model-len", type=int, help="The model's window, in tokens.")
+@click.option("--dtype", help="Weights' dtype for vLLM (auto, bfloat16, float16, ...).")
+@click.option("--enforce-eager", is_flag=True, default=None, help="No CUDA graphs.")
+@click.option("--served-model-name", help="The `model` the answers name.")
+@click.option("--requests-per-unit", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--engine", default="auto", help="Engine to use.")
+@click.option("--overwrite", is_flag=True, help="Discard what an earlier run committed.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@handle_errors
+def run_batch(overwrite: bool, quiet: bool, **flags: Any) -> None:
+    """Answer every request of an OpenAI Batch file with vLLM, resumably (like vllm run-batch)."""
+    from chute.runbatch import from_flags, run_batch
+
+    console.print(run_batch(from_flags(**flags), progress=not quiet, overwrite=overwrite))

@@ -44,7 +44,7 @@ from chute.sources import file_source
 from chute.storage import StorageOptions
 from chute.usercode import add_code_dir
 
-Format = Literal["parquet", "csv", "jsonl"]
+Format = Literal["parquet", "csv", "jsonl", "openai-batch"]
 Fmt = Literal["pyarrow", "pandas", "numpy"]
 
 
@@ -90,7 +90,7 @@ class PreprocessConfig(_Strict):
 
 class InputConfig(_Strict):
     path: str | list[str]
-    format: Literal["parquet", "csv", "jsonl", "images"] | None = None
+    format: Literal["parquet", "csv", "jsonl", "images", "openai-batch"] | None = None
     size: list[int] | None = None
     """Images only: ``[height, width]`` to resize every image to (:mod:`chute.sources.images`)."""
     mode: Literal["RGB", "L"] | None = None
@@ -245,7 +245,7 @@ def _sink(
 ) -> Sink:
     """The job's output: a directory of part files, or a table."""
     path = overrides.get("output", output.path)
-    if output.format in ("parquet", "csv", "jsonl"):
+    if output.format in ("parquet", "csv", "jsonl", "openai-batch"):
         if not path:
             raise ConfigError("output: needs a `path` (the directory results go to).")
         return Sink(_resolve(path, base), output.format, storage)

@@ -50,6 +50,22 @@ def check_csv(schema: pa.Schema) -> None:
         raise csv_error(bad)
 
 
+def openai_lines(table: pa.Table) -> bytes:
+    """The OpenAI Batch output lines an LLM model made (its ``line`` column), one per row.
+    A table of rows a model failed on (the errors dataset) is written as JSON Lines."""
+    lines = [n for n in table.column_names if n == "line" or n.endswith("_line")]
+    if len(lines) != 1:
+        if {"model", "error_type", "error_message"} <= set(table.column_names):
+            return to_jsonl(table)
+        raise ConfigError(
+            "the output format openai-batch writes the OpenAI Batch lines of an LLM model "
+            f"(a `line` column), but the output has {', '.join(table.column_names)}: read "
+            "the input with format: openai-batch and run a vllm model over it, or choose "
+            "another output format."
+        )
+    return "".join(f"{text}\n" for text in table.column(lines[0]).to_pylist()).encode()
+
+
 def to_jsonl(table: pa.Table) -> bytes:
     """The rows of ``table`` as JSON Lines, one object per row, floats exact."""
     if table.num_rows == 0:

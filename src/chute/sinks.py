@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chute.evaluation import Evaluation
-from chute.formats import check_csv, to_jsonl
+from chute.formats import check_csv, openai_lines, to_jsonl
 from chute.job import Sink
 from chute.retry import retrying
 from chute.stages import (
@@ -36,7 +36,7 @@ from chute.tables import TableSink, part_info
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
-EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
+EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl", "openai-batch": ".jsonl"}
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,8 @@ def encode(table: pa.Table, fmt: str) -> bytes:
     elif fmt == "csv":
         check_csv(table.schema)  # a list column the plan could not foresee
         pacsv.write_csv(table, buf)
+    elif fmt == "openai-batch":
+        return openai_lines(table)
     else:
         return to_jsonl(table)
     return buf.getvalue()

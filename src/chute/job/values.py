@@ -13,8 +13,8 @@ from chute.errors import ConfigError
 
 BatchFormat = Literal["pyarrow", "pandas", "numpy"]
 BATCH_FORMATS: tuple[str, ...] = ("pyarrow", "pandas", "numpy")
-OutputFormat = Literal["parquet", "csv", "jsonl"]
-OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "csv", "jsonl")
+OutputFormat = Literal["parquet", "csv", "jsonl", "openai-batch"]
+OUTPUT_FORMATS: tuple[str, ...] = ("parquet", "csv", "jsonl", "openai-batch")
 EngineName = str
 """``auto`` or a registered engine's name (:data:`chute.engines.ENGINES`), checked when
 the job runs or is planned."""

@@ -64,9 +64,14 @@ def file_source(
     format: str | None = None,
     storage: StorageOptions | None = None,
     **options: Any,
-) -> FileSource:
-    """Files as a source; image files (``format="images"``, or named ``.jpg``/``.png``, or a
-    folder of them) become a :class:`~chute.sources.images.ImageSource` taking ``options``."""
+) -> FileSource | TableSource:
+    """Files as a source (an OpenAI Batch file with ``format="openai-batch"``); image files
+    (``format="images"``, or named ``.jpg``/``.png``, or a folder of them) become an
+    :class:`~chute.sources.images.ImageSource` taking ``options``."""
+    if format == "openai-batch":
+        from chute.sources.openai_batch import OpenAIBatchSource
+
+        return OpenAIBatchSource(paths, storage=storage)
     if format == "images" or (format is None and looks_like_images(paths)):
         return ImageSource(paths, storage=storage, **options)
     if any(v is not None for v in options.values()):

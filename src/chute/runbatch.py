@@ -1,0 +1,116 @@
+"""``chute run-batch``: an OpenAI Batch file in, one answer line per request out.
+
+The same as ``vllm run-batch`` — ``-i requests.jsonl -o results.jsonl --model DIR`` —
+but a job like any other: the requests are the rows of an ``openai-batch`` source, a
+``vllm`` model answers them, and the answers are written as parts and committed unit by
+unit in chute's ledger. Kill it and run it again: the committed units are kept, the
+others redone, and every request is answered exactly once.
+
+``-o`` naming a directory gives the parts themselves (``part-*.jsonl``, in input order by
+name). ``-o`` naming a file: the parts go to ``<file>.chute/`` (the job's resumable state)
+and, once every request is answered, the file is assembled from them in input order and
+put in place at once (a temporary name, then a rename).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from chute.api import Job
+from chute.errors import JobStateError
+from chute.job import Model, Sink
+from chute.models import adapter
+from chute.report import Report
+from chute.sources.openai_batch import REQUESTS_PER_UNIT, OpenAIBatchSource
+from chute.storage import put, resolve
+
+MODEL = "llm"
+"""The model's name in the job (its columns are ``llm_text``, ``llm_line``, ...)."""
+STATE_SUFFIX = ".chute"
+"""Where a single-file output's parts and ledger live: next to it, ``<file>.chute/``."""
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """A ``run-batch`` invocation: where from, where to, which model and how."""
+
+    input: str
+    output: str
+    model: str
+    """The local model directory."""
+    options: Mapping[str, Any]
+    """The vllm adapter's options besides ``path`` (seed, max_model_len, ...)."""
+    engine: str = "auto"
+    requests_per_unit: int = REQUESTS_PER_UNIT
+
+    @property
+    def single_file(self) -> bool:
+        """Whether ``output`` names one file (else a directory of parts)."""
+        return not (self.output.endswith("/") or os.path.isdir(self.output))
+
+    @property
+    def parts(self) -> str:
+        """The directory the job writes its parts and ledger to."""
+        return self.output + STATE_SUFFIX if self.single_file else self.output
+
+    def job(self) -> Job:
+        """The batch as a chute job."""
+        source = OpenAIBatchSource(self.input, unit_rows=self.requests_per_unit)
+        spec: Any = adapter("vllm", path=self.model, **self.options)
+        model = Model(MODEL, spec, inputs=("custom_id", "url", "body"))
+        return Job(
+            source=source,
+            models=(model,),
+            output=Sink(self.parts, "openai-batch"),
+            engine=self.engine,
+        )
+
+
+def from_flags(
+    input_file: str,
+    output_file: str,
+    model: str,
+    engine: str = "auto",
+    requests_per_unit: int = REQUESTS_PER_UNIT,
+    **flags: Any,
+) -> BatchRun:
+    """A :class:`BatchRun` from the command line's flags (``None`` means not given)."""
+    options = {k: v for k, v in flags.items() if v is not None and v is not False}
+    return BatchRun(input_file, output_file, model, options, engine, requests_per_unit)
+
+
+def run_batch(batch: BatchRun, progress: bool = True, overwrite: bool = False) -> Report:
+    """Run the batch (resuming what an earlier run committed); assemble a single file."""
+    job = batch.job()
+    report = job.run(progress=progress, overwrite=overwrite)
+    if batch.single_file:
+        assert isinstance(job.source, OpenAIBatchSource)
+        assemble(batch.parts, batch.output, job.source.table.num_rows)
+    return report
+
+
+def assemble(parts: str, output: str, requests: int) -> None:
+    """Join the parts' lines in input order into ``output``, put in place at once."""
+    fs, root = resolve(parts)
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
+    names = sorted(
+        i.path for i in infos if i.is_file and os.path.basename(i.path).startswith("part-")
+    )
+    chunks = []
+    for name in names:
+        with fs.open_input_stream(name) as stream:
+            chunks.append(stream.read())
+    data = b"".join(chunks)
+    lines = data.count(b"\n")
+    if lines != requests:
+        raise JobStateError(
+            f"{parts} holds {lines} answer lines for {requests} requests: it "
+            "was changed by hand. Run again with --overwrite to answer every request afresh."
+        )
+    out_fs, target = resolve(output)
+    put(out_fs, target, data)

@@ -1,0 +1,106 @@
+"""The LLM pieces that need no engine: structured output parsing, OpenAI Batch requests
+and lines, per-request seeds, and the openai-batch source's refusals (vLLM's own tests
+are in tests/llm)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from chute.cli import main
+from chute.errors import ConfigError, DataError
+from chute.models.llm.requests import openai_request, requests_of
+from chute.models.llm.responses import Outcome, line
+from chute.models.llm.sampling import request_seed
+from chute.models.llm.structured import structured
+from chute.sources.openai_batch import OpenAIBatchSource
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+    "required": ["label"],
+}
+
+
+def test_a_json_schema_makes_a_typed_column() -> None:
+    spec = structured({"json": SCHEMA})
+    assert spec is not None
+    assert spec.arrow_type() == pa.struct([("label", pa.string()), ("n", pa.int64())])
+    assert spec.parse('{"label": "a", "n": 3}') == {"label": "a", "n": 3}
+    for bad, why in [('{"label": "c"}', "not one of"), ('{"n": 1}', "requires"), ("{", "not JSON")]:
+        with pytest.raises(ValueError, match=why):
+            spec.parse(bad)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param({"json": SCHEMA, "regex": "x"}, id="two-kinds"),
+        pytest.param({"grammar": "x"}, id="unknown-kind"),
+        pytest.param({"regex": "("}, id="bad-regex"),
+        pytest.param({"choice": []}, id="no-choices"),
+    ],
+)
+def test_bad_structure_is_refused_before_loading(value: object) -> None:
+    with pytest.raises(ConfigError, match="structured"):
+        structured(value)
+
+
+def test_seeds_depend_on_the_job_seed_and_the_request_only() -> None:
+    assert request_seed(1, "a") == request_seed(1, "a")
+    assert len({request_seed(1, f"r{i}") for i in range(100)}) == 100
+    assert request_seed(1, "a") != request_seed(2, "a")
+
+
+def test_openai_bodies_become_requests() -> None:
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "max_completion_tokens": 7,
+        "stop": "x",
+        "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
+    }
+    request = openai_request("c1", "/v1/chat/completions", json.dumps(body))
+    assert request.messages == [{"role": "user", "content": "hi"}]
+    assert request.sampling == {"max_tokens": 7, "stop": ["x"]}
+    assert request.structured is not None and request.structured.kind == "json"
+
+
+def test_bad_requests_get_an_error_line_each() -> None:
+    batch = pa.table(
+        {
+            "custom_id": ["u", "b", "m"],
+            "url": ["/v1/nope", "/v1/completions", "/v1/chat/completions"],
+            "body": ["{}", "not json", '{"messages": []}'],
+        }
+    )
+    requests = requests_of(batch, chat=False, system=None, id_column=None)
+    errors = [r.error for r in requests]
+    assert all(errors) and "unknown url" in str(errors[0]) and "not JSON" in str(errors[1])
+    lines = [json.loads(line(r, Outcome(error=r.error, status=400), "m")) for r in requests]
+    assert [x["custom_id"] for x in lines] == ["u", "b", "m"]
+    assert all(x["response"]["status_code"] == 400 and x["error"]["message"] for x in lines)
+    assert lines[0]["id"] == json.loads(line(requests[0], Outcome(), "m"))["id"]  # stable
+
+
+def test_a_repeated_custom_id_is_refused_before_any_compute(tmp_path: Path) -> None:
+    lines = [{"custom_id": c, "url": "/v1/completions", "body": {"prompt": "x"}} for c in "aba"]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(ConfigError, match=r"'a' \(lines 1, 3\)"):
+        OpenAIBatchSource(str(path))
+    out = tmp_path / "results.jsonl"
+    args = ["run-batch", "-i", str(path), "-o", str(out), "--model", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "repeat" in result.output
+    assert not out.exists() and not (tmp_path / "results.jsonl.chute").exists()
+
+
+def test_a_line_without_custom_id_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    path.write_text('{"custom_id": "a", "url": "/v1/completions", "body": {}}\n{"url": 1}\n')
+    with pytest.raises(DataError, match="line 2 has no custom_id"):
+        OpenAIBatchSource(str(path))
