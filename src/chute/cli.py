@@ -267,7 +267,9 @@ def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
     )
 
 
-@main.command("run-batch")
+@main.command(
+    "run-batch", example="chute run-batch -i requests.jsonl -o results.jsonl --model ./qwen"
+)
 @click.option("-i", "--input-file", required=True, help="OpenAI Batch requests (JSON Lines).")
 @click.option(
     "-o", "--output-file", required=True, help="A file (written whole at the end) or a folder/."
