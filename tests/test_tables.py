@@ -1,0 +1,372 @@
+"""Table sinks (issue 16): Iceberg (pyiceberg's SQL catalog on SQLite), Delta Lake
+(deltalake) and Lance (pylance), written exactly once.
+
+Every table is read back with its own reader (a pyiceberg scan, deltalake and DuckDB,
+lance) and compared with the Parquet output of the same job; the table's history is
+checked to hold every unit in exactly one commit, also after drivers killed at random
+moments and at injected points around the table commit (``tests/table_chaos.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import chute
+from chute.lease import Lease
+from chute.tables import JOB_KEY, UNITS_KEY, Index, TableSink, units_of
+from tests.chaos_job import HERE, driver_env, make_data, reap, start_driver, wait_for
+
+pytest.importorskip("pyiceberg")
+pytest.importorskip("deltalake")
+pytest.importorskip("lance")
+
+UNITS = 8
+ROWS_PER_UNIT = 500
+ROWS = UNITS * ROWS_PER_UNIT
+FORMATS = ["iceberg", "delta", "lance"]
+TABLE_CHAOS = Path(__file__).with_name("table_chaos.py")
+
+
+class Embed:
+    """A deterministic model with a score and a 4-d float32 embedding."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = batch["x"]
+        vec = np.stack([x, x * 2, np.sin(x), np.cos(x)], axis=1).astype(np.float32)
+        return {"score": x * 3.0 + 1.0, "vec": vec}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("tables-data"), UNITS, ROWS_PER_UNIT)
+
+
+def table_sink(fmt: str, where: Path, **kwargs: Any) -> TableSink:
+    """A sink for a table of ``fmt`` under ``where`` (an Iceberg catalog on SQLite)."""
+    if fmt == "iceberg":
+        where.mkdir(parents=True, exist_ok=True)
+        catalog = {"type": "sql", "uri": f"sqlite:///{where}/catalog.db"}
+        catalog["warehouse"] = f"file://{where}/warehouse"
+        return TableSink(format="iceberg", table="db.preds", catalog=catalog, **kwargs)
+    return TableSink(str(where / f"preds.{fmt}"), format=fmt, **kwargs)  # type: ignore[arg-type]
+
+
+def job(data: Path, output: chute.Sink, engine: str = "local") -> chute.Job:
+    model = chute.Model("m", Embed(), inputs=("id", "x"), batch_format="numpy", batch_size=200)
+    return chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(model,),
+        carryover=("id", "tag"),
+        output=output,
+        engine=engine,
+    )
+
+
+def read_table(sink: TableSink) -> pd.DataFrame:
+    """The table as its own reader gives it, sorted by id."""
+    if sink.format == "iceberg":
+        frame = _iceberg(sink).scan().to_arrow().to_pandas()
+    elif sink.format == "delta":
+        from deltalake import DeltaTable
+
+        frame = DeltaTable(sink.path).to_pandas()
+    else:
+        import lance
+
+        frame = lance.dataset(sink.path).to_table().to_pandas()
+    return frame.sort_values("id").reset_index(drop=True)
+
+
+def history(sink: TableSink) -> list[dict[str, str]]:
+    """chute's keys of every commit in the table's history that has them."""
+    if sink.format == "iceberg":
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = _iceberg(sink)
+        metas = [dict(s.summary.additional_properties) for s in ancestors_of(
+            table.current_snapshot(), table.metadata)]  # fmt: skip
+    elif sink.format == "delta":
+        from deltalake import DeltaTable
+
+        metas = DeltaTable(sink.path).history()
+    else:
+        import lance
+
+        transactions = lance.dataset(sink.path).get_transactions(1000)
+        metas = [dict(t.transaction_properties or {}) for t in transactions if t]
+    return [m for m in metas if UNITS_KEY in m]
+
+
+def _iceberg(sink: TableSink) -> Any:
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog("default", **dict(sink.catalog)).load_table(sink.table)
+
+
+def _location(sink: TableSink) -> Path:
+    if sink.format == "iceberg":
+        return Path(_iceberg(sink).location().removeprefix("file://"))
+    return Path(sink.path)
+
+
+def check_once(sink: TableSink, expected: pd.DataFrame) -> None:
+    """Every input row once, as the Parquet output has it; every unit in one commit."""
+    frame = read_table(sink)
+    assert frame.id.is_unique and len(frame) == ROWS
+    got = frame[list(expected.columns)]
+    got = got.assign(m_vec=got.m_vec.map(list))
+    pd.testing.assert_frame_equal(got, expected.assign(m_vec=expected.m_vec.map(list)))
+    units = Counter(u for m in history(sink) for u in units_of(m[UNITS_KEY]))
+    assert units == Counter(range(UNITS)), f"a unit committed twice or never: {units}"
+
+
+@pytest.fixture(scope="module")
+def expected(data: Path, tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    """The same job's Parquet output, sorted by id."""
+    out = tmp_path_factory.mktemp("tables-parquet") / "out"
+    report = job(data, chute.Sink(str(out))).run()
+    assert report.rows_out == ROWS
+    return pd.read_parquet(out).sort_values("id").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- readers agree
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_table_holds_what_parquet_holds(
+    fmt: str, engine: str, data: Path, expected: pd.DataFrame, tmp_path: Path
+) -> None:
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    report = job(data, sink, engine).run()
+    assert (report.units_done, report.rows_out) == (UNITS, ROWS)
+    check_once(sink, expected)
+    assert all(m[JOB_KEY] == report.fingerprint[:16] for m in history(sink))
+    saved = json.loads(next(_location(sink).glob("_chute/jobs/*/report.json")).read_text())
+    assert saved["table"]["format"] == fmt and saved["table"]["commits"] == len(history(sink))
+
+
+@pytest.mark.timeout(120)
+def test_duckdb_reads_the_files_the_delta_log_names(
+    data: Path, expected: pd.DataFrame, tmp_path: Path
+) -> None:
+    import duckdb
+
+    sink = table_sink("delta", tmp_path)
+    job(data, sink).run()
+    from deltalake import DeltaTable
+
+    files = DeltaTable(sink.path).file_uris()  # what the log names (DuckDB's delta
+    assert len(files) >= UNITS  # extension would be downloaded: no network here)
+    frame = duckdb.sql(f"SELECT id, m_score FROM read_parquet({files!r}) ORDER BY id").df()
+    np.testing.assert_array_equal(frame.id, expected.id)
+    np.testing.assert_array_equal(frame.m_score, expected.m_score)
+
+
+@pytest.mark.timeout(120)
+def test_a_vector_column_and_its_index_in_lance(data: Path, tmp_path: Path) -> None:
+    import lance
+
+    index = Index("m_vec", type="ivf_pq", num_partitions=2, num_sub_vectors=2)
+    sink = table_sink("lance", tmp_path, index=index)
+    report = job(data, sink).run()
+    dataset = lance.dataset(sink.path)
+    assert dataset.schema.field("m_vec").type == pa.list_(pa.float32(), 4)
+    [described] = dataset.describe_indices()
+    assert described.field_names == ["m_vec"] and described.num_rows_indexed == ROWS
+    saved = json.loads(next(_location(sink).glob("_chute/jobs/*/report.json")).read_text())
+    assert saved["table"]["index"]["column"] == "m_vec"
+    assert report.rows_out == ROWS
+
+
+# --------------------------------------------------------------------------- appending
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_second_job_appends_and_a_rerun_adds_nothing(
+    fmt: str, data: Path, expected: pd.DataFrame, tmp_path: Path
+) -> None:
+    sink = table_sink(fmt, tmp_path)
+    first = job(data, sink).run()
+    again = job(data, sink).run()  # the same job, finished: nothing to do
+    assert (again.units_skipped, again.rows_out) == (UNITS, 0)
+    check_once(sink, expected)
+    second = job(data / "unit-000.parquet", sink).run()  # another job: its rows appended
+    assert second.fingerprint != first.fingerprint and second.rows_out == ROWS_PER_UNIT
+    assert len(read_table(sink)) == ROWS + ROWS_PER_UNIT
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_appending_checks_the_schema_before_any_compute(
+    fmt: str, data: Path, tmp_path: Path
+) -> None:
+    sink = table_sink(fmt, tmp_path)
+    seed = pa.table({"id": pa.array(["a"]), "tag": pa.array([1], pa.int64())})
+    _create(sink, seed)
+    with pytest.raises(chute.DataError, match=r"column 'id' is int64 .* but (large_)?string in"):
+        job(data, sink).run()
+    assert not list(_location(sink).glob("data/chute-*/part-*"))  # nothing was computed
+
+
+def _create(sink: TableSink, table: pa.Table) -> None:
+    if sink.format == "iceberg":
+        from pyiceberg.catalog import load_catalog
+
+        catalog = load_catalog("default", **dict(sink.catalog))
+        catalog.create_namespace_if_not_exists("db")
+        catalog.create_table("db.preds", schema=table.schema).append(table)
+    elif sink.format == "delta":
+        from deltalake import write_deltalake
+
+        write_deltalake(sink.path, table)
+    else:
+        import lance
+
+        lance.write_dataset(table, sink.path)
+
+
+# --------------------------------------------------------------------------- one run per table
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_second_run_on_a_table_is_refused(fmt: str, data: Path, tmp_path: Path) -> None:
+    sink = table_sink(fmt, tmp_path)
+    job(data, sink).run()
+    import pyarrow.fs as pafs
+
+    lease = Lease.acquire(pafs.LocalFileSystem(), f"{_location(sink)}/_chute", "the table")
+    with lease, pytest.raises(chute.JobStateError, match="in use by another chute run"):
+        job(data, sink).run()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", ["iceberg", "lance"])
+def test_an_unfinished_job_is_not_mixed_with_another(fmt: str, data: Path, tmp_path: Path) -> None:
+    """A job killed half-way and a changed job on the same table: refused, naming the
+    change; --overwrite leaves the first unfinished (its rows stay) and appends."""
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    path = _job_file(tmp_path / "job.json", data, sink, delay=0.2)
+    proc = start_driver(path, driver_env())
+    try:
+        assert wait_for(lambda: len(_safe_history(sink)) >= 2, proc, timeout=120)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        reap(proc)
+    held = sum(len(units_of(m[UNITS_KEY])) for m in history(sink))
+    assert 0 < held < UNITS
+    changed = _job_file(tmp_path / "changed.json", data, sink, delay=0.0)
+    refused = _run(["-m", "chute", "run", str(changed), "-q"])
+    assert refused.returncode == 5
+    assert "unfinished chute job (changed: models[0]" in " ".join(refused.stderr.split())
+    done = _run(["-m", "chute", "run", str(changed), "-q", "--overwrite"])
+    assert done.returncode == 0, done.stderr
+    assert len(read_table(sink)) == ROWS + held * ROWS_PER_UNIT
+
+
+# --------------------------------------------------------------------------- kills
+
+
+def _job_file(path: Path, data: Path, sink: TableSink, delay: float = 0.05) -> Path:
+    """A job file (JSON is YAML) writing the chaos model's output to ``sink``'s table."""
+    output: dict[str, Any] = {"format": sink.format, "commit_seconds": sink.commit_seconds}
+    if sink.format == "iceberg":
+        output.update(table=sink.table, catalog=dict(sink.catalog))
+    else:
+        output["path"] = sink.path
+    spec = {
+        "input": str(data),
+        "carryover": ["id", "tag"],
+        "models": [
+            {
+                "name": "m",
+                "fn": f"{HERE}:SlowModel",
+                "inputs": ["id", "x"],
+                "batch_format": "numpy",
+                "batch_size": 250,
+                "kwargs": {"delay": delay, "rows_per_unit": ROWS_PER_UNIT},
+            }
+        ],
+        "output": output,
+        "engine": "local",
+    }
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def _safe_history(sink: TableSink) -> list[dict[str, str]]:
+    try:
+        return history(sink)
+    except Exception:  # not created yet, or a commit being written
+        return []
+
+
+def _check_chaos(sink: TableSink) -> None:
+    frame = read_table(sink)
+    assert frame.id.is_unique and len(frame) == ROWS, "a row lost or doubled"
+    np.testing.assert_array_equal(frame.id, np.arange(ROWS))
+    units = Counter(u for m in history(sink) for u in units_of(m[UNITS_KEY]))
+    assert units == Counter(range(UNITS)), f"a unit committed twice or never: {units}"
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], env=driver_env(), capture_output=True, text=True, timeout=180
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("point", ["staged", "committed"])
+def test_a_driver_killed_around_the_table_commit_resumes_exactly_once(
+    fmt: str, point: str, data: Path, tmp_path: Path
+) -> None:
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    path = _job_file(tmp_path / "job.json", data, sink)
+    landed = 0
+    for n in (1, 3):  # the first commit (which creates the table), and a later one
+        died = _run([str(TABLE_CHAOS), point, str(n), str(path)])
+        assert died.returncode == -signal.SIGKILL, died.stderr
+        landed += n if point == "committed" else n - 1
+        assert len(_safe_history(sink)) == landed
+    done = _run(["-m", "chute", "run", str(path), "-q"])
+    assert done.returncode == 0, done.stderr
+    _check_chaos(sink)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_driver_killed_at_random_moments_resumes_exactly_once(
+    fmt: str, data: Path, tmp_path: Path
+) -> None:
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    path = _job_file(tmp_path / "job.json", data, sink)
+    rng = np.random.default_rng(16)
+    for _ in range(4):
+        proc = start_driver(path, driver_env())
+        try:
+            time.sleep(float(rng.uniform(1.0, 4.0)))  # start-up takes about a second
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            reap(proc)
+    done = _run(["-m", "chute", "run", str(path), "-q"])
+    assert done.returncode == 0, done.stderr
+    _check_chaos(sink)
