@@ -72,6 +72,7 @@ def test_every_example_has_a_readme_and_a_runnable_entry() -> None:
         "big_payload",
         "cluster",
         "images",
+        "llm",
         "minilm",
         "taxi",
         "torch_mlp",
