@@ -370,3 +370,45 @@ def test_a_driver_killed_at_random_moments_resumes_exactly_once(
     done = _run(["-m", "chute", "run", str(path), "-q"])
     assert done.returncode == 0, done.stderr
     _check_chaos(sink)
+
+
+# --------------------------------------------------------------------------- MiniLM
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_nearest_neighbour_over_minilm_embeddings_in_lance(tmp_path: Path) -> None:
+    """The sentences of the test data embedded by all-MiniLM-L6-v2 into a Lance table
+    with a vector index: a paraphrase finds its sentence."""
+    import lance
+    from sentence_transformers import SentenceTransformer
+
+    from chute.models import adapter
+    from tests.test_adapters_hf import SENTENCES, minilm_dir
+
+    path = minilm_dir()
+    texts = pa.table({"id": np.arange(len(SENTENCES)), "text": SENTENCES})
+    model = chute.Model(
+        "emb",
+        adapter("sentence-transformers", path=path, normalize=True),
+        inputs=["text"],
+        batch_size=4,
+    )
+    index = Index("emb_embedding", type="ivf_flat", metric="cosine", num_partitions=1)
+    sink = table_sink("lance", tmp_path, index=index)
+    job = chute.Job(
+        source=chute.TableSource(texts, unit_rows=3),
+        models=(model,),
+        carryover=("id", "text"),
+        output=sink,
+    )
+    assert job.run().rows_out == len(SENTENCES)
+    dataset = lance.dataset(sink.path)
+    assert dataset.schema.field("emb_embedding").type == pa.list_(pa.float32(), 384)
+    query = SentenceTransformer(path, device="cpu").encode(
+        "a puppy running through the park", normalize_embeddings=True
+    )
+    nearest = dataset.to_table(
+        columns=["text"], nearest={"column": "emb_embedding", "q": query, "k": 1}
+    )
+    assert nearest.column("text").to_pylist() == ["a big dog ran in the park"]
