@@ -74,6 +74,7 @@ def test_every_example_has_a_readme_and_a_runnable_entry() -> None:
         "images",
         "llm",
         "minilm",
+        "tables",
         "taxi",
         "torch_mlp",
     ]

@@ -412,3 +412,22 @@ def test_nearest_neighbour_over_minilm_embeddings_in_lance(tmp_path: Path) -> No
         columns=["text"], nearest={"column": "emb_embedding", "q": query, "k": 1}
     )
     assert nearest.column("text").to_pylist() == ["a big dog ran in the park"]
+
+
+@pytest.mark.timeout(240)
+def test_the_tables_example_runs_and_reads_back(tmp_path: Path) -> None:
+    """examples/tables/run.py: every output holds the same rows (it checks), each table
+    in one commit on this small run; a second run adds nothing."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "tables" / "run.py"
+    spec = importlib.util.spec_from_file_location("tables_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    first = example.run(5_000, tmp_path)
+    assert [r["output"] for r in first] == ["parquet", "iceberg", "delta", "lance"]
+    assert all(r["rows"] == 5_000 for r in first)
+    assert [r["commits"] for r in first[1:]] == [1, 1, 1]
+    again = example.run(5_000, tmp_path)
+    assert all(r["rows"] == 0 for r in again) and [r["commits"] for r in again[1:]] == [1, 1, 1]

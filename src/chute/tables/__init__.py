@@ -203,7 +203,7 @@ def check_schema(table: pa.Schema, written: pa.Schema, where: str, ordered: bool
             "them out of the job's output (carryover, model outputs)."
         )
     for f in written:
-        if _kind(f.type) != _kind(have[f.name]):
+        if _kind(f.type) != _kind(have[f.name]) and not _widens(f.type, have[f.name]):
             raise DataError(
                 f"column {f.name!r} is {f.type} in the job's output but {have[f.name]} in "
                 f"{where}. Cast it in the model or preprocess step, or write to a new table."
@@ -228,6 +228,13 @@ def _kind(kind: pa.DataType) -> str:
     if pa.types.is_timestamp(kind):
         return f"timestamp[{'tz' if kind.tz else ''}]"
     return str(kind)
+
+
+def _widens(written: pa.DataType, table: pa.DataType) -> bool:
+    """A narrower signed integer into a wider one (Iceberg has no int8 or int16: a table
+    created from them holds int32, and Parquet stores them as int32 anyway)."""
+    signed = pa.types.is_signed_integer
+    return bool(signed(written) and signed(table) and written.bit_width <= table.bit_width)
 
 
 def _is(kind: pa.DataType, name: str) -> bool:
