@@ -91,7 +91,8 @@ def test_resources_memory_and_preprocess_parse() -> None:
         ),
         pytest.param(
             {**BASE, "output": {"path": "o", "format": "xlsx"}},
-            "output.format: Input should be 'parquet', 'csv' or 'jsonl'",
+            "output.format: Input should be 'parquet', 'csv', 'jsonl', 'openai-batch', 'iceberg', "
+            "'delta' or 'lance'",
             id="bad-output-format",
         ),
         pytest.param(

@@ -44,7 +44,7 @@ from chute.sources import file_source
 from chute.storage import StorageOptions
 from chute.usercode import add_code_dir
 
-Format = Literal["parquet", "csv", "jsonl", "openai-batch"]
+Format = Literal["parquet", "csv", "jsonl", "openai-batch", "iceberg", "delta", "lance"]
 Fmt = Literal["pyarrow", "pandas", "numpy"]
 
 
@@ -110,7 +110,7 @@ class IndexConfig(_Strict):
 class OutputConfig(_Strict):
     path: str | None = None
     """A directory, or a Delta/Lance table's location (an Iceberg table's is its catalog's)."""
-    format: Format | Literal["iceberg", "delta", "lance"] = "parquet"
+    format: Format = "parquet"
     table: str | None = None
     """Iceberg: ``namespace.name`` in the catalog."""
     catalog: dict[str, Any] = {}
