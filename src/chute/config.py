@@ -85,7 +85,7 @@ class PreprocessConfig(_Strict):
     fn: str
     inputs: list[str] | None = None
     batch_format: Fmt = "pyarrow"
-    cpus: float = Field(default=1.0, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
 
 
 class InputConfig(_Strict):

@@ -17,7 +17,7 @@ import pyarrow as pa
 from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
 from chute.formats import csv_error, nested
-from chute.job import BatchFormat, JobSpec, Model
+from chute.job import BatchFormat, JobSpec, Model, Preprocess
 from chute.models import AdapterSpec
 from chute.sinks import Output
 from chute.sources import (
@@ -41,6 +41,33 @@ class StagePlan:
     inputs: tuple[str, ...]
     batch_rows: int
     batch_format: BatchFormat
+
+
+@dataclass(frozen=True)
+class PreprocessPlan:
+    """The preprocess step as every engine runs it: the same columns in, the same
+    parallelism out.
+
+    ``copies`` is how many batches are preprocessed at once: ``None`` (the job set no
+    ``cpus``) runs the step beside each read, as parallel as the reads are (the local
+    engine's reader threads; on Ray, fused into each read task); a number is that many on
+    every engine (threads locally; on Ray, tasks of their own, ``cpus_each`` CPU each).
+    """
+
+    spec: Preprocess
+    inputs: tuple[str, ...]
+    protected: tuple[str, ...]
+    """Carryover columns: the step may not replace them."""
+    copies: int | None
+    cpus_each: float
+
+    @classmethod
+    def of(
+        cls, spec: Preprocess, inputs: Sequence[str], protected: Sequence[str]
+    ) -> PreprocessPlan:
+        copies = None if spec.cpus is None else max(1, int(spec.cpus))
+        cpus_each = 1.0 if spec.cpus is None else min(spec.cpus, 1.0)
+        return cls(spec, tuple(inputs), tuple(protected), copies, cpus_each)
 
 
 @dataclass
@@ -79,6 +106,14 @@ class Plan:
             tuple(self.source_columns),
             self.evaluation,
         )
+
+    @property
+    def preprocess(self) -> PreprocessPlan | None:
+        spec = self.job.preprocess
+        if spec is None:
+            return None
+        inputs = spec.inputs or self.read_columns or self.source.schema().names
+        return PreprocessPlan.of(spec, inputs, self.carryover)
 
     @property
     def evaluation(self) -> Evaluation:

@@ -20,6 +20,9 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import time
+import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +85,15 @@ def taxi_job(taxi_dir: Path, out: Path | None, engine: str, **job: Any) -> chute
                     batch_format="numpy", batch_size=4096),
         chute.Model("price", fare_model, inputs=("fare_per_mile",), batch_format="pandas"),
     )  # fmt: skip
+    job.setdefault(
+        "preprocess", chute.Preprocess(fare_per_mile, inputs=("fare_amount", "trip_distance"))
+    )
     return chute.Job(
         source=chute.FileSource(str(taxi_dir)),
         models=models,
         carryover=CARRY,
-        preprocess=chute.Preprocess(fare_per_mile, inputs=("fare_amount", "trip_distance")),
         output=chute.Sink(str(out)) if out is not None else None,
-        engine=engine,  # type: ignore[arg-type]
+        engine=engine,
         **job,
     )
 
@@ -112,6 +117,32 @@ def read_output(out: Path) -> pa.Table:
     manifest = json.loads((out / "_chute" / "manifest.json").read_text())
     tables = [pq.read_table(out / f["path"]) for f in manifest["files"]]
     return pa.concat_tables(tables)
+
+
+class Overlaps:
+    """A preprocess that records when each call ran (as files: Ray runs it elsewhere)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __call__(self, batch: pa.Table) -> dict[str, Any]:
+        began = time.time()
+        time.sleep(0.05)
+        (self.directory / uuid.uuid4().hex).write_text(f"{began} {time.time()}")
+        return fare_per_mile(batch)
+
+
+def most_at_once(directory: Path) -> int:
+    """The most calls recorded in ``directory`` that ran at the same moment."""
+    events = []
+    for path in directory.iterdir():
+        began, ended = map(float, path.read_text().split())
+        events += [(began, 1), (ended, -1)]
+    running = peak = 0
+    for _, step in sorted(events):  # an end sorts before a start at the same instant
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 # --------------------------------------------------------------------------- rows
@@ -308,3 +339,23 @@ def test_killed_on_one_engine_resumed_on_another_ends_exactly_once(
         assert json.dumps(report["metrics"][owner][metric.name], sort_keys=True) == json.dumps(
             reference, sort_keys=True
         )
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@pytest.mark.timeout(180)
+def test_preprocess_cpus_mean_the_same_parallelism_on_every_engine(
+    engine: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    """``Preprocess(cpus=0.5)`` is one batch at a time holding half a CPU, on every engine
+    (the Ray engine once ran it fused into each read task, as many at once as fitted)."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    step = chute.Preprocess(Overlaps(calls), inputs=("fare_amount", "trip_distance"), cpus=0.5)
+    small = chute.Resources(cpus=0.25)  # room beside the models for several reads at once
+    job = taxi_job(taxi_dir, tmp_path / "out", engine, preprocess=step)
+    job = replace(job, models=tuple(replace(m, resources=small) for m in job.models))
+    assert job.run().rows_out == pq.read_table(taxi_dir).num_rows
+    assert len(list(calls.iterdir())) > 1
+    assert most_at_once(calls) == 1

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import pyarrow as pa
@@ -227,7 +227,7 @@ class _Run:
         self._stats_lock = threading.Lock()
         self._units: Iterator[Unit] = iter(plan.pending)
         self._units_lock = threading.Lock()
-        readers = max(1, min(readers, len(plan.pending)))
+        self.readers = readers = max(1, min(readers, len(plan.pending)))
         channel = self._channel(readers)
         self._spawn("read", readers, partial(self._read, channel))
         channel = self._preprocess(channel)
@@ -278,11 +278,11 @@ class _Run:
             out.close()
 
     def _preprocess(self, channel: Channel) -> Channel:
-        spec = self.plan.job.preprocess
-        if spec is None:
+        pre = self.plan.preprocess
+        if pre is None:
             return channel
-        stage = PreprocessStage(spec, _inputs(spec.inputs, self.plan), self.plan.carryover)
-        workers = max(1, int(spec.cpus))
+        stage = PreprocessStage(pre.spec, pre.inputs, pre.protected)
+        workers = pre.copies or self.readers  # unset: one beside each reader
         out = self._channel(workers)
         self._spawn("preprocess", workers, partial(self._map, stage, "preprocess", channel, out))
         return out
@@ -371,12 +371,6 @@ class _Run:
     def _raise_first_error(self) -> None:
         if self.errors:
             raise self.errors[0]
-
-
-def _inputs(inputs: Sequence[str] | None, plan: Plan) -> list[str]:
-    if inputs is not None:
-        return list(inputs)
-    return list(plan.read_columns or plan.source.schema().names)
 
 
 def _local_resources(model: Model) -> StageResources:

@@ -102,11 +102,16 @@ class Preprocess:
     fn: Callable[..., Any] | str
     inputs: tuple[str, ...] | None = None
     batch_format: BatchFormat = "pyarrow"
-    cpus: float = 1.0
+    cpus: float | None = None
+    """How many batches are preprocessed at once, the same on every engine: unset, one
+    beside each read (as parallel as reading); ``n`` ≥ 1, ``n`` at once with a CPU each;
+    below 1, one at a time holding that share of a CPU (:class:`chute.plan.PreprocessPlan`)."""
 
     def __post_init__(self) -> None:
         if self.inputs is not None:
             object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.cpus is not None and (isinstance(self.cpus, bool) or not self.cpus > 0):
+            raise ConfigError(f"preprocess cpus must be a number > 0, not {self.cpus!r}.")
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(f"preprocess batch_format {self.batch_format!r} is not valid.")
 

@@ -109,16 +109,18 @@ class RayEngine:
         dataset = ray.data.read_datasource(
             UnitDatasource(reader, units), override_num_blocks=len(units)
         )
-        spec = plan.job.preprocess
-        if spec is not None:
-            spec = replace(spec, fn=portable(spec.fn, self.shipped))
-            inputs = list(spec.inputs or plan.read_columns or plan.source.schema().names)
+        pre = plan.preprocess
+        if pre is not None:
+            spec = replace(pre.spec, fn=portable(pre.spec.fn, self.shipped))
+            # Unset copies: no limit, so Ray fuses the step into the read tasks.
+            limit = {} if pre.copies is None else {"concurrency": pre.copies}
             dataset = dataset.map_batches(
-                PreprocessTask(spec, inputs, plan.carryover),
+                PreprocessTask(spec, list(pre.inputs), list(pre.protected)),
                 batch_size=None,
                 batch_format="pyarrow",
-                num_cpus=min(spec.cpus, 1.0),
+                num_cpus=pre.cpus_each,
                 zero_copy_batch=True,
+                **limit,
             )
         for i, (stage, res) in enumerate(zip(plan.stages, resources, strict=True)):
             last = i == len(plan.stages) - 1
