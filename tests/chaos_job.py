@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -144,7 +145,14 @@ def start_driver(job: Path, env: dict[str, str], *args: str) -> subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_interruptible,
     )
+
+
+def _interruptible() -> None:
+    """Let Ctrl-C reach the driver as it would from a terminal: a shell starts background
+    jobs (``.ci/run &``, ``nohup``) with SIGINT ignored, and Python keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def session_processes(sid: int) -> list[int]:
