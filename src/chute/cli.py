@@ -281,6 +281,7 @@ def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
 @click.option("--enforce-eager", is_flag=True, default=None, help="No CUDA graphs.")
 @click.option("--served-model-name", help="The `model` the answers name.")
 @click.option("--requests-per-unit", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), help="Requests per engine call.")
 @click.option("--engine", default="auto", help="Engine to use.")
 @click.option("--overwrite", is_flag=True, help="Discard what an earlier run committed.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from chute.api import Job
 from chute.errors import JobStateError
-from chute.job import Model, Sink
+from chute.job import BatchSize, Model, Sink
 from chute.models import adapter
 from chute.report import Report
 from chute.sources.openai_batch import REQUESTS_PER_UNIT, OpenAIBatchSource
@@ -47,6 +47,9 @@ class BatchRun:
     """The vllm adapter's options besides ``path`` (seed, max_model_len, ...)."""
     engine: str = "auto"
     requests_per_unit: int = REQUESTS_PER_UNIT
+    batch_size: int | None = None
+    """Requests per ``LLM.generate`` call; ``None``: chute's default (large: vLLM is
+    fastest when it sees many prompts at once)."""
 
     @property
     def single_file(self) -> bool:
@@ -63,6 +66,8 @@ class BatchRun:
         source = OpenAIBatchSource(self.input, unit_rows=self.requests_per_unit)
         spec: Any = adapter("vllm", path=self.model, **self.options)
         model = Model(MODEL, spec, inputs=("custom_id", "url", "body"))
+        if self.batch_size is not None:
+            model = replace(model, batch_size=BatchSize(rows=self.batch_size))
         return Job(
             source=source,
             models=(model,),
@@ -77,11 +82,12 @@ def from_flags(
     model: str,
     engine: str = "auto",
     requests_per_unit: int = REQUESTS_PER_UNIT,
+    batch_size: int | None = None,
     **flags: Any,
 ) -> BatchRun:
     """A :class:`BatchRun` from the command line's flags (``None`` means not given)."""
     options = {k: v for k, v in flags.items() if v is not None and v is not False}
-    return BatchRun(input_file, output_file, model, options, engine, requests_per_unit)
+    return BatchRun(input_file, output_file, model, options, engine, requests_per_unit, batch_size)
 
 
 def run_batch(batch: BatchRun, progress: bool = True, overwrite: bool = False) -> Report:

@@ -153,7 +153,8 @@ def test_run_batch_killed_and_resumed(use_shared_llm: Any, tiny_llm: Path, tmp_p
     ids = requests_file(tmp_path / "requests.jsonl", 40, extra=False)
     out = tmp_path / "results.jsonl"
     args = run_batch_args(tmp_path / "requests.jsonl", out, tiny_llm, "--seed", "11", "-q")
-    args += ["--requests-per-unit", "2", "--engine", "local"]
+    # units of 2 requests, one unit per engine call: the units commit one after another
+    args += ["--requests-per-unit", "2", "--batch-size", "2", "--engine", "local"]
     child = subprocess.Popen([sys.executable, "-m", "chute", *args], start_new_session=True)
     ledger = Path(f"{out}.chute") / "_chute" / "ledger.jsonl"
     try:
