@@ -232,7 +232,7 @@ def test_job_rejects_duplicate_model_names() -> None:
 
 
 def test_job_rejects_unknown_engine() -> None:
-    with pytest.raises(ConfigError, match="engine 'spark' is not one of"):
+    with pytest.raises(ConfigError, match="engine 'spark' is not one of auto, local, ray"):
         Job(TableSource(_table()), [Model("a", score)], engine="spark")  # type: ignore[arg-type]
 
 

@@ -288,10 +288,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chute_out = os.path.join(args.out, "chute")
     results: dict[str, Any] = {"payload_mb": mb, "cpus": args.cpus, "actors": ACTORS}
     results["chute_calibration"] = measure(
-        "_ModelActor", lambda: run_chute(args.data, chute_out, CALIBRATION_MB), args.cpus
+        "ModelActor", lambda: run_chute(args.data, chute_out, CALIBRATION_MB), args.cpus
     )
     results["chute"] = measure(
-        "_ModelActor", lambda: run_chute(args.data, chute_out, mb), args.cpus, out=chute_out
+        "ModelActor", lambda: run_chute(args.data, chute_out, mb), args.cpus, out=chute_out
     )
     results["chute"]["copies"] = copies(results["chute"], results["chute_calibration"], mb)
     if args.naive_tasks > 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from chute import engines
 from chute.job import BatchFormat, EngineName, JobSpec, Model, Sink
 from chute.report import Report
 from chute.runner import run_job
@@ -21,6 +22,10 @@ class Job(JobSpec):
     >>> job = Job(source=..., models=[Model("m", fn)], output=Sink("out/"))  # doctest: +SKIP
     >>> report = job.run()  # doctest: +SKIP
     """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        engines.check_name(self.engine)  # the registry knows the engines; the spec does not
 
     def run(
         self,
