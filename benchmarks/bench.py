@@ -32,6 +32,7 @@ import ctypes
 import gc
 import glob
 import importlib.util
+import json
 import logging
 import os
 import platform
@@ -41,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
@@ -576,7 +577,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per variant")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray variants")
+    parser.add_argument(
+        "--variants", default=None, help="comma-separated variants to run (default: all)"
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this file")
     return parser.parse_args(argv)
+
+
+def keep(workload: Workload, variants: str | None) -> Workload:
+    """``workload`` with only the ``--variants`` asked for."""
+    if variants is None:
+        return workload
+    wanted = {v.strip() for v in variants.split(",")}
+    known = {*workload.local, *workload.ray}
+    if wanted - known:
+        raise SystemExit(f"unknown variants {sorted(wanted - known)}: choose from {sorted(known)}")
+    workload.local = {k: v for k, v in workload.local.items() if k in wanted}
+    workload.ray = {k: v for k, v in workload.ray.items() if k in wanted}
+    return workload
 
 
 def header(args: argparse.Namespace) -> str:
@@ -623,13 +641,15 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parse_args(argv)
     print(header(args), flush=True)
     print("preparing data ...", flush=True)
-    workloads = [WORKLOADS[name](args.out, rows) for name, rows in chosen(args)]
+    workloads = [
+        keep(WORKLOADS[name](args.out, rows), args.variants) for name, rows in chosen(args)
+    ]
     results: list[Result] = []
     outputs = os.path.join(args.out, "results")
     for w in workloads:  # everything without Ray first, so no idle Ray process is counted
         results += run_all(w, w.local, outputs, args.repeat)
     ray_start = None
-    if not args.no_ray:
+    if not args.no_ray and any(w.ray for w in workloads):
         ray_start = start_ray()
         print(f"  Ray started in {ray_start:.2f} s", flush=True)
         for w in workloads:
@@ -646,6 +666,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
         key=lambda r: ([w.name for w in workloads].index(r.workload), order.index(r.variant))
     )
     print_tables(results, ray_start)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nload average after: {load}")
     return results
