@@ -1,0 +1,56 @@
+"""Reading a job file's YAML, and naming where it went wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from chute.errors import ConfigError
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"job file {path!r} does not exist.") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_problem(path, exc)) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"job file {path!r} must be a mapping with input, models and output.")
+    return raw
+
+
+_OPENED = {
+    "flow sequence": "the '[' opened",
+    "flow mapping": "the '{' opened",
+    "quoted scalar": "the quote opened",
+}
+
+
+def yaml_problem(path: str, exc: yaml.YAMLError) -> str:
+    """Where the YAML went wrong: for an unclosed bracket or quote, the line that opened
+    it (the parser only notices at a later line), else the line of the problem."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    context, opened = getattr(exc, "context", None) or "", getattr(exc, "context_mark", None)
+    what = next((v for k, v in _OPENED.items() if context.endswith(k)), None)
+    if what and opened is not None:
+        stopped = f" (the parser stopped at line {mark.line + 1}: {problem})" if mark else ""
+        return (
+            f"job file {path!r} is not valid YAML: {what} at line {opened.line + 1}, column "
+            f"{opened.column + 1} is never closed{stopped}.\n{_snippet(path, opened)}"
+            "Close it on that line, or quote the value."
+        )
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"job file {path!r} is not valid YAML{where}: {exc}"
+
+
+def _snippet(path: str, mark: Any) -> str:
+    """The marked line of the file with a caret under the column."""
+    try:
+        with open(path) as f:
+            line = f.read().splitlines()[mark.line]
+    except (OSError, IndexError):
+        return ""
+    return f"  {line}\n  {' ' * mark.column}^\n"
