@@ -261,10 +261,8 @@ def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
     report = job.run(progress=True, overwrite=True, verbose=verbose)
     console.print(report)
     assert job.output is not None
-    console.print(
-        f"Results: {job.output.path}  (report: "
-        f"{os.path.join(job.output.path, '_chute', 'report.json')})"
-    )
+    report_html = os.path.join(job.output.path, "_chute", "report.html")
+    console.print(f"Results: {job.output.path}  (open the report: {report_html})")
 
 
 @main.command(

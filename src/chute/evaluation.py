@@ -32,6 +32,8 @@ from chute.metrics import (
 
 DATASET = "dataset"
 """Where metrics over input columns only are reported."""
+MAX_SLICES_PLOTTED = 8
+"""Slices whose curves are overlaid on a sliced metric's plots (the largest by rows)."""
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,14 @@ class Evaluation:
     def plots(self, total: Mapping[str, State]) -> list[dict[str, Any]]:
         """Plot specs for the HTML report (see :mod:`chute.htmlreport`)."""
         specs: list[dict[str, Any]] = []
+        drawn: set[tuple[str, ...]] = set()
         for key, metric in self.metrics.items():
             state = total.get(key)
-            if state is not None:
+            what = (type(_inner(metric)).__name__, *metric.columns())
+            if isinstance(_inner(metric), ScoreSketch):
+                what = ("score", *metric.columns())  # auc_roc and pr_auc: the same curves
+            if state is not None and what not in drawn:
+                drawn.add(what)
                 specs += _plots(key, metric, state)
         return specs
 
@@ -112,9 +119,14 @@ def from_text(text: str) -> dict[str, State]:
     return state_from_text(text) if text else {}
 
 
+def _inner(metric: Metric) -> Metric:
+    return metric.metric if isinstance(metric, Sliced) else metric
+
+
 def _plots(key: str, metric: Metric, state: State) -> list[dict[str, Any]]:
     if isinstance(metric, Sliced):
-        return []
+        inner = metric.metric
+        return _sliced_plots(key, metric, inner, state) if isinstance(inner, ScoreSketch) else []
     if isinstance(metric, ScoreSketch):
         return _sketch_plots(key, metric, state)
     if isinstance(metric, Calibration):
@@ -162,6 +174,7 @@ def _sketch_plots(key: str, metric: ScoreSketch, state: State) -> list[dict[str,
             "title": f"ROC — {key}",
             "kind": "line",
             "diagonal": True,
+            "legend": "lower right",
             "xlabel": "false positive rate",
             "ylabel": "true positive rate",
             "series": [
@@ -175,6 +188,7 @@ def _sketch_plots(key: str, metric: ScoreSketch, state: State) -> list[dict[str,
         {
             "title": f"precision-recall — {key}",
             "kind": "line",
+            "legend": "lower left",
             "xlabel": "recall",
             "ylabel": "precision",
             "series": [
@@ -195,6 +209,48 @@ def _sketch_plots(key: str, metric: ScoreSketch, state: State) -> list[dict[str,
                 {"label": "positives", "counts": _coarsen(pos, width)},
                 {"label": "negatives", "counts": _coarsen(neg, width)},
             ],
+        },
+    ]
+
+
+def _sliced_plots(
+    key: str, sliced: Sliced, metric: ScoreSketch, state: State
+) -> list[dict[str, Any]]:
+    """ROC and precision-recall curves of the largest slices, overlaid on one plot each."""
+    groups = state["groups"]
+    sizes = {g: float(np.sum(s["positives"]) + np.sum(s["negatives"])) for g, s in groups.items()}
+    shown = sorted(groups, key=lambda g: (-sizes[g], g))[:MAX_SLICES_PLOTTED]
+    results = sliced.result(state)["groups"]
+    labels = {g: label for g, label in zip(sorted(groups), results, strict=True)}
+    roc, pr = [], []
+    for group in shown:
+        fpr, tpr = metric.roc_curve(groups[group], max_points=400)
+        recall, precision = metric.pr_curve(groups[group], max_points=400)
+        roc.append({"label": labels[group], "x": fpr.tolist(), "y": tpr.tolist()})
+        pr.append({"label": labels[group], "x": recall.tolist(), "y": precision.tolist()})
+    note = (
+        f"the {len(shown)} largest of {len(groups)} slices by {sliced.by}"
+        if len(groups) > len(shown)
+        else f"every slice by {sliced.by}"
+    )
+    common = {"kind": "line", "note": note}
+    return [
+        {
+            **common,
+            "title": f"ROC by {sliced.by} — {key}",
+            "diagonal": True,
+            "legend": "lower right",
+            "xlabel": "false positive rate",
+            "ylabel": "true positive rate",
+            "series": roc,
+        },
+        {
+            **common,
+            "title": f"precision-recall by {sliced.by} — {key}",
+            "legend": "lower left",
+            "xlabel": "recall",
+            "ylabel": "precision",
+            "series": pr,
         },
     ]
 

@@ -1,98 +1,383 @@
-"""A self-contained HTML report: tables and inline SVG plots, readable offline.
+"""The HTML report: one self-contained page, readable offline, from a ``report.json``.
 
-The page is built from a report dictionary (``Report.to_dict()``): the summary, the
-metrics per model, the throughput over the run (from ``timeline``), the busy time per
-stage, and any plots listed under ``plots`` — each a small spec::
-
-    {"title": "ROC — tip", "kind": "line", "xlabel": "false positive rate",
-     "ylabel": "true positive rate", "series": [{"label": "auc 0.91", "x": [...], "y": [...]}],
-     "diagonal": true}
-
-``kind`` is ``line``, ``bars`` (``labels`` + ``values``) or ``hist`` (``edges`` and one
-``counts`` list per series). matplotlib draws them (``pip install 'chute[report]'``).
+Sections, each a ``<section id=...>`` (``tests/test_browser.py`` renders them in Chromium):
+the header (job, dates, chute version, status), ``output`` (the output as a whole and this
+run), ``stopped`` (a partial run: why, and the command that resumes it), ``runs`` (every
+run of the output), ``throughput`` (rows/s over time, cumulative rows), ``stages`` (busy
+time per stage), ``failures`` (failed rows by model and exception type, sample messages,
+the ``_errors/`` path), ``metrics`` (tables; sliced metrics as slice × metric) and
+``plots`` (the metrics' curves). Plots are SVG drawn by :mod:`chute.svgplot`; the page
+fits a 420 px phone as well as a 1,440 px screen.
 """
 
 from __future__ import annotations
 
 import html
-import io
-from collections.abc import Iterable
+import itertools
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from chute.report import memory_notes
+from chute.svgplot import svg
+
+RATE_POINTS = 40
+"""Intervals the rows/s plot divides a run into (fewer when a run has fewer samples)."""
+HIDDEN_IN_SLICES = ("_error_bound", "skipped", "clipped")
+"""Values a slice × metric table leaves out (they stay in report.json)."""
+RUNS_PLOTTED = 8
+"""The most recent runs drawn as their own series (earlier ones only shift the axes)."""
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+* { box-sizing: border-box; }
+body { font: 15px/1.5 system-ui, sans-serif; margin: 0 auto; padding: 1em;
+  max-width: 1200px; color: #222; overflow-wrap: break-word; }
+h1 { font-size: 1.5em; margin: .2em 0; }
+h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+h3 { font-size: 1.05em; }
+.meta { color: #555; margin: .2em 0; }
+.status { display: inline-block; padding: 0 .5em; border-radius: 4px; font-weight: 600; }
+.complete { background: #e3f4e1; color: #1e6b1a; } .partial { background: #fde8e6; color: #a11; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: .5em 0; }
-td, th { border: 1px solid #ddd; padding: 3px 9px; text-align: left; vertical-align: top; }
+td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.plots { display: flex; flex-wrap: wrap; gap: 12px; }
-.plot { border: 1px solid #eee; padding: 4px; }
-.bad { color: #b00; }
+table.data td, table.data th { white-space: nowrap; }
+table.data td.sample { white-space: pre-wrap; min-width: 16em; }
+table.pairs th { white-space: nowrap; } table.pairs td { overflow-wrap: anywhere; }
+@media (max-width: 600px) {
+  body { font-size: 14px; padding: .6em; }
+  svg.chart text { font-size: 19px; } svg.chart text.title { font-size: 22px; }
+}
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 420px), 1fr));
+  gap: 12px; }
+figure { margin: 0; border: 1px solid #eee; padding: 4px; min-width: 0; }
+svg.chart { width: 100%; height: auto; display: block; }
+figcaption, .note { color: #555; font-size: .9em; }
+code { background: #f4f4f4; padding: 1px 4px; border-radius: 3px; }
+.sample { font-family: ui-monospace, monospace; font-size: .85em; white-space: pre-wrap; }
 """
 
 
 def render(report: dict[str, Any]) -> str:
     """The whole page."""
-    plots = [*_run_plots(report), *report.get("plots", [])]
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>chute report {html.escape(str(report.get('fingerprint', '')))}</title>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>chute report {_e(report.get('fingerprint', ''))[:16]}</title>",
         f"<style>{STYLE}</style></head><body>",
-        "<h1>chute report</h1>",
-        _summary(report),
-        "<h2>Plots</h2><div class='plots'>",
-        *(f"<div class='plot'>{_svg(spec)}</div>" for spec in plots),
-        "</div>",
+        _header(report),
+        _output(report),
+        _stopped(report),
+        _runs(report),
+        _throughput(report),
+        _stages(report),
+        _failures(report),
         _metrics(report.get("metrics", {})),
+        _plots(report.get("plots", [])),
         "</body></html>",
     ]
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p)
 
 
-def _summary(report: dict[str, Any]) -> str:
-    rows = [
-        ("engine", f"{report.get('engine')} ({report.get('engine_reason', '')})"),
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _when(seconds: Any) -> str:
+    if not seconds:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(seconds)))
+
+
+def _header(report: dict[str, Any]) -> str:
+    job = report.get("job") or {}
+    runs = report.get("runs") or []
+    first = runs[0].get("started_at") if runs else report.get("started_at")
+    last = runs[-1].get("ended_at") if runs else report.get("ended_at")
+    complete = report.get("complete", True)
+    status = (
+        "<span class='status complete'>complete</span>"
+        if complete
+        else "<span class='status partial'>partial</span>"
+    )
+    models = ", ".join(job.get("models") or []) or "—"
+    return (
+        f"<header><h1>chute report {status}</h1>"
+        f"<p class='meta'><b>input</b> {_e(job.get('input', '—'))} → <b>models</b> "
+        f"{_e(models)} → <b>output</b> {_e(job.get('output') or report.get('output'))}</p>"
+        f"<p class='meta'>{_e(_when(first))} – {_e(_when(last))} · {len(runs):,} run(s) · "
+        f"chute {_e(report.get('chute_version') or '?')} · job "
+        f"{_e(str(report.get('fingerprint', ''))[:16])}</p></header>"
+    )
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[int]) -> str:
+    """A table in a scrolling box: wide tables scroll inside it, never the page."""
+    top = "".join(f"<th>{_e(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='num'>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
+            for i, v in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<div class='scroll'><table class='data'><tr>{top}</tr>{body}</table></div>"
+
+
+def _pairs(rows: Sequence[tuple[str, Any]]) -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    return f"<div class='scroll'><table class='pairs'>{body}</table></div>"
+
+
+def _output(report: dict[str, Any]) -> str:
+    totals = report.get("totals") or {}
+    rows: list[tuple[str, Any]] = []
+    if totals:
+        rows += [
+            ("units committed", f"{totals['units']:,} of {totals['units_total']:,}"),
+            ("rows written", f"{totals['rows_out']:,}"),
+            ("rows failed", f"{totals['rows_failed']:,}"),
+        ]
+    rows += [
         ("output", report.get("output") or "(in memory)"),
+        ("engine", f"{report.get('engine')} ({report.get('engine_reason', '')})"),
         (
-            "units",
-            f"{report.get('units_done', 0)} run, {report.get('units_skipped', 0)} "
-            f"already done, {report.get('units_total', 0)} in all",
+            "this run",
+            f"{report.get('units_done', 0):,} units run, {report.get('units_skipped', 0):,} "
+            f"already done; rows in / out {report.get('rows_in', 0):,} / "
+            f"{report.get('rows_out', 0):,}, {report.get('rows_failed', 0):,} failed",
         ),
-        ("rows in / out", f"{report.get('rows_in', 0):,} / {report.get('rows_out', 0):,}"),
-        ("rows failed", f"{report.get('rows_failed', 0):,}"),
-        ("wall time", f"{report.get('wall_seconds', 0):.2f} s"),
+        ("wall time", f"{report.get('wall_seconds', 0):,.2f} s"),
         ("throughput", f"{report.get('rows_per_second', 0):,.0f} rows/s"),
-        ("status", "complete" if report.get("complete", True) else "INCOMPLETE"),
     ]
     rows += [("skipped input", f"{b['unit']}: {b['error']}") for b in report.get("units_bad", [])]
     rows += [(f"model {name}", note) for name, note in memory_notes(report)]
-    body = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    return f"<section id='output'><h2>Output</h2>{_pairs(rows)}</section>"
+
+
+def _stopped(report: dict[str, Any]) -> str:
+    if report.get("complete", True):
+        return ""
+    resume = report.get("resume") or "run the same job again: committed units are kept"
+    return (
+        "<section id='stopped'><h2>Stopped before the end</h2>"
+        f"<p><b>Why:</b> {_e(report.get('stopped') or 'interrupted')}</p>"
+        f"<p><b>To resume:</b> <code>{_e(resume)}</code> — the "
+        f"{(report.get('totals') or {}).get('units', report.get('units_done', 0)):,} committed "
+        "units are kept, the rest are run.</p></section>"
     )
-    return f"<h2>Summary</h2><table>{body}</table>"
+
+
+def _runs(report: dict[str, Any]) -> str:
+    runs = report.get("runs") or []
+    if not runs:
+        return ""
+    rows = [
+        (
+            i + 1,
+            _when(r.get("started_at")),
+            _when(r.get("ended_at")),
+            r.get("engine", ""),
+            f"{r.get('units_run', 0):,}",
+            f"{r.get('rows', 0):,}",
+            f"{r.get('rows_failed', 0):,}",
+            f"{r.get('wall_seconds', 0):,.2f} s",
+            f"{_rate(r):,.0f}",
+            r.get("stopped", ""),
+        )
+        for i, r in enumerate(runs)
+    ]
+    head = ["run", "started", "ended", "engine", "units", "rows", "failed", "wall", "rows/s"]
+    table = _table([*head, "stopped"], rows, {0, 4, 5, 6, 7, 8})
+    return f"<section id='runs'><h2>Runs</h2>{table}</section>"
+
+
+def _rate(run: dict[str, Any]) -> float:
+    wall = float(run.get("wall_seconds") or 0)
+    return int(run.get("rows") or 0) / wall if wall > 0 else 0.0
+
+
+def rates(timeline: Sequence[Sequence[float]], points: int = RATE_POINTS) -> list[list[float]]:
+    """(seconds, rows/s) over equal intervals of a run, from its (seconds, rows) samples:
+    the rows written in each interval over its length, at the interval's middle."""
+    samples = [(float(t), float(r)) for t, r in timeline]
+    if len(samples) < 2 or samples[-1][0] <= samples[0][0]:
+        return []
+    start, end = samples[0][0], samples[-1][0]
+    count = max(1, min(points, len(samples) - 1))
+    width = (end - start) / count
+    edges = [start + i * width for i in range(count + 1)]
+    rows = [_rows_at(samples, t) for t in edges]
+    return [
+        [round((a + b) / 2, 3), (rows[i + 1] - rows[i]) / width]
+        for i, (a, b) in enumerate(itertools.pairwise(edges))
+    ]
+
+
+def _rows_at(samples: Sequence[tuple[float, float]], when: float) -> float:
+    """Rows written by ``when``, linear between samples."""
+    previous = samples[0]
+    for sample in samples:
+        if sample[0] >= when:
+            span = sample[0] - previous[0]
+            if span <= 0:
+                return sample[1]
+            return previous[1] + (sample[1] - previous[1]) * (when - previous[0]) / span
+        previous = sample
+    return samples[-1][1]
+
+
+def _throughput(report: dict[str, Any]) -> str:
+    runs = [r for r in report.get("runs") or [] if len(r.get("timeline") or []) > 1]
+    if not runs and len(report.get("timeline") or []) > 1:
+        runs = [{"timeline": report["timeline"], "rows": report.get("rows_in", 0)}]
+    if not runs:
+        return ""
+    offset_t, offset_rows = 0.0, 0.0
+    rate_series, total_series = [], []
+    shown = runs[-RUNS_PLOTTED:]
+    for run in runs[: -len(shown)]:
+        offset_t += float(run["timeline"][-1][0])
+        offset_rows += float(run["timeline"][-1][1])
+    first = len(runs) - len(shown) + 1
+    for number, run in enumerate(shown, start=first):
+        label = f"run {number}" if len(runs) > 1 else "rows/s"
+        points = rates(run["timeline"])
+        rate_series.append(
+            {"label": label, "x": [offset_t + p[0] for p in points], "y": [p[1] for p in points]}
+        )
+        total_series.append(
+            {
+                "label": label if len(runs) > 1 else "rows",
+                "x": [offset_t + float(t) for t, _ in run["timeline"]],
+                "y": [offset_rows + float(r) for _, r in run["timeline"]],
+            }
+        )
+        offset_t += float(run["timeline"][-1][0])
+        offset_rows += float(run["timeline"][-1][1])
+    xlabel = "seconds of run time" + (" (time between runs left out)" if len(runs) > 1 else "")
+    rate: dict[str, Any] = {"title": "rows/s over time", "kind": "line", "xlabel": xlabel}
+    total: dict[str, Any] = {"title": "rows written, cumulative", "kind": "line", "xlabel": xlabel}
+    rate.update(ylabel="rows/s", series=rate_series)
+    total.update(ylabel="rows", series=total_series, legend="lower right")
+    note = (
+        f"<p class='note'>Rows/s over {RATE_POINTS} equal intervals of each run (rows written by "
+        "the writers in the interval over its length).</p>"
+    )
+    return (
+        "<section id='throughput'><h2>Throughput</h2>"
+        f"<div class='plots'>{_figure(rate)}{_figure(total)}</div>{note}</section>"
+    )
+
+
+def _stages(report: dict[str, Any]) -> str:
+    stages = report.get("stages") or {}
+    if not stages:
+        return ""
+    names = list(stages)
+    values = [float(s.get("busy_seconds", 0)) for s in stages.values()]
+    spec = {
+        "title": "busy time per stage",
+        "kind": "bars",
+        "xlabel": "busy seconds (summed over replicas / threads)",
+        "ylabel": "stage",
+        "labels": names,
+        "values": values,
+    }
+    wall = float(report.get("wall_seconds") or 0)
+    rows = [
+        (
+            name,
+            f"{float(s.get('busy_seconds', 0)):,.2f} s",
+            f"{int(s.get('batches', 0)):,}",
+            f"{int(s.get('rows', 0)):,}",
+        )
+        for name, s in stages.items()
+    ]
+    note = (
+        "<p class='note'>Busy time is summed over each stage's replicas or threads (the "
+        "writer's over its writer threads), so a stage that runs on several at once can be "
+        f"busy longer than the run's wall time ({wall:,.2f} s). This run only.</p>"
+    )
+    table = _table(["stage", "busy", "batches", "rows"], rows, {1, 2, 3})
+    return (
+        f"<section id='stages'><h2>Stages</h2><div class='plots'>{_figure(spec)}"
+        f"<div>{table}{note}</div></div></section>"
+    )
+
+
+def _failures(report: dict[str, Any]) -> str:
+    failures = report.get("failures") or {}
+    total = int(failures.get("rows") or report.get("rows_failed") or 0)
+    if not total:
+        return ""
+    rows = [
+        (g["model"], g["error_type"], f"{g['rows']:,}", "\n".join(g.get("samples", [])))
+        for g in failures.get("groups", [])
+    ]
+    table = _table(["model", "exception", "rows", "sample messages"], rows, {2}).replace(
+        "<td>", "<td class='sample'>"
+    )
+    where = failures.get("path") or "_errors/"
+    return (
+        f"<section id='failures'><h2>Failures</h2><p>{total:,} rows failed and were written "
+        f"with their error to the errors dataset <code>{_e(where)}</code> (columns "
+        f"<code>model</code>, <code>error_type</code>, <code>error_message</code>); every "
+        f"other row was predicted.</p>{table}</section>"
+    )
 
 
 def _metrics(metrics: dict[str, dict[str, dict[str, Any]]]) -> str:
     if not metrics:
         return ""
-    out = ["<h2>Metrics</h2>"]
+    out = ["<section id='metrics'><h2>Metrics</h2>"]
     for model, by_name in metrics.items():
-        out.append(f"<h3>{html.escape(model)}</h3><table><tr><th>metric</th><th>value</th></tr>")
-        for name, values in by_name.items():
-            for key, value in _scalars(values):
-                label = name if key == name else f"{name} · {key}"
-                out.append(
-                    f"<tr><td>{html.escape(label)}</td><td class='num'>"
-                    f"{html.escape(_fmt(value))}</td></tr>"
-                )
-        out.append("</table>")
+        out.append(f"<h3>{_e(model)}</h3>")
+        plain = [(n, v) for n, v in by_name.items() if "groups" not in v]
+        rows = [
+            (name if key == name else f"{name} · {key}", _fmt(value))
+            for name, values in plain
+            for key, value in _scalars(values)
+        ]
+        if rows:
+            out.append(_table(["metric", "value"], rows, {1}))
+        out += _sliced([(n, v) for n, v in by_name.items() if "groups" in v])
+    out.append("</section>")
     return "".join(out)
 
 
+def _sliced(metrics: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One slice × metric table per slicing column: a row per slice (``all`` first)."""
+    by_column: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, values in metrics:
+        by_column.setdefault(str(values.get("by")), []).append((name, values))
+    out = []
+    for column, group in by_column.items():
+        columns: dict[str, str] = {}  # value -> the metric that gives it (auc_roc once)
+        for name, values in group:
+            for key, _ in _scalars(values.get("all", {})):
+                if not key.endswith(HIDDEN_IN_SLICES):
+                    columns.setdefault(key, name)
+        slices = ["all", *sorted({s for _, v in group for s in v["groups"]})]
+        head = [column, *columns]
+        rows = []
+        for label in slices:
+            cells = []
+            for key, name in columns.items():
+                values = dict(group)[name]
+                found = values["all"] if label == "all" else values["groups"].get(label, {})
+                cells.append(_fmt(dict(_scalars(found)).get(key)))
+            rows.append([label, *cells])
+        out.append(f"<h4>by {_e(column)}</h4>")
+        out.append(_table(head, rows, set(range(1, len(head)))))
+    return out
+
+
 def _scalars(values: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
-    """Scalar entries of a (possibly nested, possibly sliced) metric result."""
+    """Scalar entries of a (possibly nested) metric result."""
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
@@ -109,80 +394,13 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
-def _run_plots(report: dict[str, Any]) -> list[dict[str, Any]]:
-    plots: list[dict[str, Any]] = []
-    timeline = report.get("timeline") or []
-    if len(timeline) > 1:
-        seconds = [float(t) for t, _ in timeline]
-        rows = [int(r) for _, r in timeline]
-        plots.append(
-            {
-                "title": "rows committed over the run",
-                "kind": "line",
-                "xlabel": "seconds",
-                "ylabel": "rows",
-                "series": [{"label": "rows committed", "x": seconds, "y": rows}],
-            }
-        )
-    stages = report.get("stages") or {}
-    if stages:
-        plots.append(
-            {
-                "title": "busy time per stage",
-                "kind": "bars",
-                "ylabel": "seconds",
-                "labels": list(stages),
-                "values": [float(s.get("busy_seconds", 0)) for s in stages.values()],
-            }
-        )
-    return plots
+def _plots(specs: list[dict[str, Any]]) -> str:
+    if not specs:
+        return ""
+    figures = "".join(_figure(spec) for spec in specs)
+    return f"<section id='plots'><h2>Plots</h2><div class='plots'>{figures}</div></section>"
 
 
-def _svg(spec: dict[str, Any]) -> str:
-    """One plot as inline SVG (a note instead, where matplotlib is not installed)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return (
-            f"<p>{html.escape(spec.get('title', ''))}: install matplotlib to draw the "
-            "plots (pip install 'chute[report]').</p>"
-        )
-    figure, axes = plt.subplots(figsize=(5.2, 3.6))
-    try:
-        _draw(axes, spec)
-        axes.set_title(spec.get("title", ""), fontsize=11)
-        axes.set_xlabel(spec.get("xlabel", ""))
-        axes.set_ylabel(spec.get("ylabel", ""))
-        figure.tight_layout()
-        buffer = io.StringIO()
-        figure.savefig(buffer, format="svg")
-    finally:
-        plt.close(figure)
-    text = buffer.getvalue()
-    return text[text.index("<svg") :]
-
-
-def _draw(axes: Any, spec: dict[str, Any]) -> None:
-    kind = spec.get("kind", "line")
-    if kind == "bars":
-        axes.barh(spec["labels"], spec["values"], color="#4c78a8")
-        return
-    for series in spec.get("series", []):
-        if kind == "hist":
-            edges = series.get("edges", spec.get("edges"))
-            axes.stairs(series["counts"], edges, label=series.get("label"), fill=False)
-        else:
-            axes.plot(
-                series["x"],
-                series["y"],
-                label=series.get("label"),
-                marker="o" if len(series["x"]) < 30 else None,
-                markersize=3,
-            )
-    if spec.get("diagonal"):
-        axes.plot([0, 1], [0, 1], linestyle=":", color="grey")
-    if any(s.get("label") for s in spec.get("series", [])):
-        axes.legend(fontsize=8)
+def _figure(spec: dict[str, Any]) -> str:
+    caption = f"<figcaption>{_e(spec['note'])}</figcaption>" if spec.get("note") else ""
+    return f"<figure data-title='{_e(spec.get('title', ''))}'>{svg(spec)}{caption}</figure>"

@@ -96,6 +96,25 @@ class Report:
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(seconds since the start, rows committed), sampled at commits."""
     complete: bool = True
+    started_at: float = 0.0
+    """When the run started and ended (seconds since the epoch)."""
+    ended_at: float = 0.0
+    stopped: str = "complete"
+    """Why the run stopped: ``complete``, ``nothing to do: ...``, or the error that ended it."""
+    resume: str = ""
+    """For a partial run: the command that resumes it."""
+    job: dict[str, Any] = field(default_factory=dict)
+    """What ran: input, models, output (for the report's header)."""
+    chute_version: str = ""
+    totals: dict[str, int] = field(default_factory=dict)
+    """The output as a whole (every run's committed units): units, rows_in, rows_out,
+    rows_failed; empty for in-memory runs."""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    """Every run of this output that wrote a report, oldest first (:mod:`chute.history`)."""
+    failures: dict[str, Any] = field(default_factory=dict)
+    """Failed rows of the whole output by model and exception type, with sample messages."""
+    html: str = ""
+    """Where ``report.html`` was written, if it was."""
     result: pa.Table | None = None
 
     @property
@@ -175,6 +194,14 @@ class Report:
             )
         if self.rows_failed:
             rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)"))
+        if self.totals and len(self.runs) > 1:
+            rows.append(
+                (
+                    "output holds",
+                    f"{self.totals['rows_out']:,} rows, {self.totals['rows_failed']:,} failed, "
+                    f"from {len(self.runs):,} runs",
+                )
+            )
         if self.rows_skipped:
             rows.append(("rows already done", f"{self.rows_skipped:,}"))
         rows.append(("wall time", f"{self.wall_seconds:,.2f} s"))
@@ -192,6 +219,12 @@ class Report:
         for owner, metrics in self.metrics.items():
             rows += [(f"{owner}: {name}", _headline(values)) for name, values in metrics.items()]
         rows.append(("status", "complete" if self.complete else "INCOMPLETE"))
+        if self.stopped not in ("complete", ""):
+            rows.append(("stopped", self.stopped))
+        if self.resume and not self.complete:
+            rows.append(("resume with", self.resume))
+        if self.html:
+            rows.append(("HTML report", self.html))
         return rows
 
 

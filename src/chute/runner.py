@@ -19,6 +19,7 @@ import pyarrow as pa
 from rich.console import Console
 
 import chute.engines as engines
+from chute import history
 from chute.engines import Engine, EngineOptions
 from chute.errors import ChuteError, JobStateError, ModelError, translate
 from chute.evaluation import from_text, to_text
@@ -56,7 +57,7 @@ class Committer:
         self.skipped: list[dict[str, str]] = []
         self._started = time.perf_counter()
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
-        """(seconds since start, rows committed) after each commit: throughput over the run."""
+        """(seconds since start, rows written) as parts arrive: the rate over the run."""
         self.parts = 0
         self.write = StageStats()
         self.evaluation = plan.evaluation
@@ -115,6 +116,8 @@ class Committer:
                 self.bar.advance(record.end - record.start)
             if self._complete(record.unit):
                 completed.append(record.unit)
+        if records:
+            self.timeline.append((round(time.perf_counter() - self._started, 3), self.write.rows))
         self._commit(completed)
 
     def _complete(self, index: int) -> bool:
@@ -133,7 +136,6 @@ class Committer:
         if not indexes:
             return
         entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
-        self.timeline.append((round(time.perf_counter() - self._started, 3), self.rows_in))
         with self._lock:
             self._pending.extend(entries)
             if self._due():
@@ -217,7 +219,7 @@ def run_job(
     console: Console | None = None,
 ) -> Report:
     """Plan and run ``job``; resume from its ledger when the output already holds part of it."""
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     if limit is not None:
         job = replace(job, output=None)  # a trial run: rows come back, nothing is written
     plan = build_plan(job, limit=limit)
@@ -225,7 +227,7 @@ def run_job(
     engine = engines.create(name, EngineOptions(job.address, verbose))
     engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
     description = job.describe()  # once: it hashes in-memory data and model arguments
-    run = _Run(plan, fingerprint_of(description), started, name, reason)
+    run = _Run(plan, fingerprint_of(description), started, name, reason, started_at)
     check_job(plan, run.fingerprint, description, overwrite=overwrite)  # before any write
     if job.output is None:
         return _execute(run, engine, None, progress, console)
@@ -245,8 +247,17 @@ class _Run:
     started: float
     engine: str
     engine_reason: str
+    started_at: float
     redone: list[str] = field(default_factory=list)
     """Committed units whose files were missing or changed, so recomputed."""
+    previous: dict[str, Any] | None = None
+    """The output's report before this run (its runs are kept)."""
+
+    @property
+    def nothing_to_do(self) -> bool:
+        """Every unit is committed, verified, and the last run finished the output."""
+        done = bool(self.previous and self.previous.get("complete", True))
+        return done and not self.plan.pending and not self.redone
 
 
 def _table(plan: Plan, fingerprint: str) -> Table | None:
@@ -277,7 +288,7 @@ def _open_ledger(
         ledger: Ledger = TableLedger.open_table(output, table, *args, lease=lease)
     else:
         ledger = Ledger.open(output.path, *args, storage=output.storage, lease=lease)
-    ledger.unfinish()
+    run.previous = ledger.report()
     run.redone = ledger.reconcile()
     if run.redone:
         log.warning(
@@ -286,6 +297,8 @@ def _open_ledger(
             ", ".join(run.redone[:5]),
         )
     plan.pending = [u for u in plan.units if u.id not in ledger.entries]
+    if not run.nothing_to_do:
+        ledger.unfinish()  # the location is being written again
     return ledger
 
 
@@ -298,21 +311,23 @@ def _execute(
     committer = Committer(plan, ledger, bar)
     if ledger is not None:
         committer.absorb(ledger.entries.values())
+    if ledger is not None and run.nothing_to_do:
+        return _nothing_to_do(run, committer, ledger, console if progress else None)
     try:
         with bar, committer:
             stages = engine.execute(plan, committer.add) if plan.pending else {}
         committer.flush()
     except ModelError as exc:
-        _save_partial(ledger, run, committer)
+        _save_partial(ledger, run, committer, exc)
         raise _located(exc, plan) from exc
-    except ChuteError:
-        _save_partial(ledger, run, committer)
+    except ChuteError as exc:
+        _save_partial(ledger, run, committer, exc)
         raise
     except Exception as exc:  # the one boundary: by type, the same on every engine
-        _save_partial(ledger, run, committer)
+        _save_partial(ledger, run, committer, translate(exc))
         raise translate(exc) from exc
-    except BaseException:  # Ctrl-C too: what was committed is reported, then resumed
-        _save_partial(ledger, run, committer)
+    except BaseException as exc:  # Ctrl-C too: what was committed is reported, then resumed
+        _save_partial(ledger, run, committer, exc)
         raise
     missing = committer.missing()
     if missing:
@@ -323,46 +338,89 @@ def _execute(
         )
     report = _report(run, committer, stages)
     if ledger is not None:
-        _finish(ledger, plan, report)
+        _finish(ledger, run, report)
     report.result = committer.result()
     return report
 
 
-def _finish(ledger: Ledger, plan: Plan, report: Report) -> None:
+def _finish(ledger: Ledger, run: _Run, report: Report) -> None:
     """Verify the result once more, then write the manifest and ``_SUCCESS``."""
     vanished = ledger.reconcile()
-    unrecorded = [u.id for u in plan.units if u.id not in ledger.entries]
+    unrecorded = [u.id for u in run.plan.units if u.id not in ledger.entries]
     if unrecorded and not vanished:  # the last guard before _SUCCESS: never a silent loss
         raise ChuteError(
             f"{len(unrecorded)} unit(s) are not in the ledger after the run "
             f"({', '.join(unrecorded[:5])}); nothing is marked finished. Run the job again."
         )
     if vanished:
-        ledger.save_report(report.to_dict(), html=False)
+        report.complete, report.stopped = False, "committed files vanished during the run"
+        _save(ledger, run, report)
         raise JobStateError(
             f"{len(vanished)} committed unit(s) lost files during the run "
             f"({', '.join(vanished[:5])}): something else deletes or rewrites files in "
             f"{report.output!r}. Nothing is marked finished; run the job again to redo them."
         )
-    # The HTML (matplotlib: ~0.7 s) comes with runs that have metrics to plot;
-    # `chute report OUTPUT` writes it for any run.
-    ledger.finish(report.to_dict(), html=bool(plan.evaluation))
+    _history(ledger, run, report)
+    ledger.finish(report.to_dict())  # report.html too: plain SVG, a few milliseconds
 
 
-def _save_partial(ledger: Ledger | None, run: _Run, committer: Committer) -> None:
-    """Report what the interrupted run committed (``chute report`` shows it again)."""
+def _save_partial(
+    ledger: Ledger | None, run: _Run, committer: Committer, exc: BaseException
+) -> None:
+    """Report what the interrupted run committed and why it stopped (``chute report``
+    shows it again)."""
     if ledger is None:
         return
     try:
         committer.flush()  # the parts of these units are in place: keep them
-    except Exception as exc:
-        _warn("could not write the last ledger batch", exc)
+    except Exception as error:
+        _warn("could not write the last ledger batch", error)
     report = _report(run, committer, {})
-    report.complete = False
+    report.complete, report.stopped = False, _why(exc)
+    report.resume = history.resume_command()
     try:
-        ledger.save_report(report.to_dict(), html=bool(run.plan.evaluation))
-    except Exception as exc:
-        _warn("could not write the partial report", exc)
+        _save(ledger, run, report)
+    except Exception as error:
+        _warn("could not write the partial report", error)
+
+
+def _why(exc: BaseException) -> str:
+    """Why a run stopped, in one line: ``interrupted (Ctrl-C)``, ``ModelError: ...``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _history(ledger: Ledger, run: _Run, report: Report) -> None:
+    """Give ``report`` the output's history: earlier runs and this one, the whole
+    output's totals and failures (:mod:`chute.history`)."""
+    report.ended_at = time.time()
+    report.runs = [*history.earlier_runs(run.previous), history.record(report)]
+    report.totals = history.totals(ledger.entries.values(), len(run.plan.units))
+    report.failures = history.failures(ledger, report.output or "")
+    report.html = f"{report.output}/_chute/report.html" if report.output else ""
+
+
+def _save(ledger: Ledger, run: _Run, report: Report) -> None:
+    _history(ledger, run, report)
+    ledger.save_report(report.to_dict())
+
+
+def _nothing_to_do(
+    run: _Run, committer: Committer, ledger: Ledger, console: Console | None
+) -> Report:
+    """A finished job run again: say so and change nothing in the output."""
+    report = _report(run, committer, {})
+    report.stopped = f"nothing to do: all {len(run.plan.units):,} units already committed"
+    previous = run.previous or {}
+    report.runs = list(previous.get("runs", []))
+    report.totals = history.totals(ledger.entries.values(), len(run.plan.units))
+    report.failures = dict(previous.get("failures", {}))
+    report.html = str(previous.get("html", ""))
+    if console is not None:
+        console.print(report.stopped, highlight=False)
+    return report
 
 
 def _warn(what: str, exc: Exception) -> None:
@@ -415,4 +473,21 @@ def _report(run: _Run, committer: Committer, stages: dict[str, StageStats]) -> R
         wall_seconds=time.perf_counter() - run.started,
         units_redone=run.redone,
         stages=stats,
+        started_at=run.started_at,
+        ended_at=time.time(),
+        job=_header(plan),
+        chute_version=history.chute_version(),
     )
+
+
+def _header(plan: Plan) -> dict[str, Any]:
+    """What the report's header says the job is: input, models, output."""
+    job = plan.job
+    paths = getattr(job.source, "paths", None)
+    source = ", ".join(redact(str(p)) for p in paths) if paths else type(job.source).__name__
+    return {
+        "input": source,
+        "models": [m.name for m in job.models],
+        "output": redact(job.output.path) if job.output else "(in memory)",
+        "units": len(plan.units),
+    }
