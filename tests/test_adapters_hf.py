@@ -407,16 +407,15 @@ def test_feature_extraction_cls_pooling(encoder: str) -> None:
 
 
 def test_vllm_options_from_the_job_and_the_replica_gpus() -> None:
-    from chute.job import Resources
-    from chute.models import ReplicaContext
-    from chute.models.llm import engine_options, sampling_options
+    from chute.models.llm.sampling import engine_options, sampling_options
 
     options = {"path": "m", "temperature": 0.2, "sampling": {"top_p": 0.9, "temperature": 1.0}}
     assert sampling_options(options) == {"top_p": 0.9, "temperature": 0.2}
-    half = engine_options({}, ReplicaContext("llm", Resources(gpus=0.5)))
+    half = engine_options({}, gpus=0.5)
     assert half == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.45}
-    two = engine_options({"max_model_len": 512}, ReplicaContext("llm", Resources(gpus=2)))
+    two = engine_options({"max_model_len": 512}, gpus=2)
     assert two == {"tensor_parallel_size": 2, "max_model_len": 512}
+    assert engine_options({}, gpus=0) == {}  # vLLM's CPU build: no GPU split
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,7 @@ class VLLMAdapter(Adapter):
                     f"model type 'vllm' has no option {key!r}.{did_you_mean(key, allowed)} "
                     f"Its options: {', '.join(OWN + ENGINE)} and vLLM's sampling parameters."
                 )
+        sampling_options(options, known)  # misspelt parameters first: no load needed to see them
         path = options.get("path")
         if not isinstance(path, str) or not path:
             raise ConfigError("model type 'vllm' needs path: the local model directory.")
@@ -112,7 +113,6 @@ class VLLMAdapter(Adapter):
                 f"model type 'vllm': task {task!r} is not one of {', '.join(TASKS)}."
                 f"{did_you_mean(str(task), TASKS)}"
             )
-        sampling_options(options, known)
         structured(options.get("structured"))
         seed = sampling_options(options, known).get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
