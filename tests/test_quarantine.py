@@ -1,0 +1,111 @@
+"""Quarantine at a bounded cost (issue 17, point 6): isolating failing rows costs model calls
+in proportion to the failing rows, not to the batch, and a model that marks its failed rows
+itself (an ``_error`` output) costs no extra call."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+from chute import Model
+from chute.stages import ModelStage, tag
+from chute.stages.rows import ERROR_MESSAGE, ERROR_TYPE, healthy_rows
+
+N = 4_096
+
+
+class Counting:
+    """Raises on the rows whose ``x`` is in ``bad``; counts its calls."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad, self.calls = np.array(sorted(bad)), 0
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        hit = np.isin(batch["x"], self.bad)
+        if hit.any():
+            raise ValueError(f"bad row {int(batch['x'][hit][0])}")
+        return {"p": batch["x"] * 2}
+
+
+def _run(model: Counting | object, on_error: str = "quarantine") -> pa.Table:
+    stage = ModelStage(
+        Model("m", model, batch_format="numpy", on_error=on_error),  # type: ignore[arg-type]
+        ["x"],
+    )
+    table = tag(pa.table({"x": np.arange(N, dtype=np.int64)}), 0, 0, N)
+    return stage(table)
+
+
+def _failed(out: pa.Table) -> list[int]:
+    healthy = healthy_rows(out)
+    assert healthy is not None
+    return sorted(set(range(out.num_rows)) - set(healthy.tolist()))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {1_000},
+        set(range(0, N, N // 4)),  # spread
+        set(range(2_000, 2_040)),  # clustered
+        set(range(7, N, 33)),  # 3% spread
+    ],
+    ids=["one", "spread", "clustered", "three-percent"],
+)
+def test_calls_grow_with_the_bad_rows_not_the_batch(bad: set[int]) -> None:
+    model = Counting(bad)
+    out = _run(model)
+    assert _failed(out) == sorted(bad)
+    bound = 1 + len(bad) * (2 * math.log2(N) + 1)  # the bound the docstring states
+    assert model.calls <= bound
+    if len(bad) == 1:  # one bad row: about log2(N) calls, not the 2*log2(N) of plain halving
+        assert model.calls <= math.log2(N) * 1.5 + 2
+
+
+def test_a_model_can_mark_failed_rows_without_raising() -> None:
+    calls = []
+
+    def marking(batch: dict[str, np.ndarray]) -> dict[str, object]:
+        calls.append(len(batch["x"]))
+        errors = np.where(batch["x"] % 100 == 3, "x ends in 03", None)
+        return {"p": batch["x"] * 2, "_error": errors}
+
+    out = _run(marking)
+    assert calls == [N]  # one call: no bisection
+    want = [i for i in range(N) if i % 100 == 3]
+    assert _failed(out) == want
+    assert "m__error" not in out.column_names
+    failed = out.take(pa.array(want))
+    assert set(failed.column(ERROR_TYPE).to_pylist()) == {"RowError"}
+    assert set(failed.column(ERROR_MESSAGE).to_pylist()) == {"x ends in 03"}
+    with pytest.raises(chute.ModelError, match="x ends in 03"):
+        _run(marking, on_error="fail")
+
+
+def _mark_odd_ids(batch: dict[str, np.ndarray]) -> dict[str, object]:
+    return {"p": batch["x"] * 2.0, "_error": np.where(batch["x"] % 2 == 1, "odd", None)}
+
+
+@pytest.mark.timeout(120)
+def test_marked_rows_go_to_the_errors_dataset(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"x": np.arange(1_000, dtype=np.int64)}), tmp_path / "a.parquet")
+    job = chute.Job(
+        source=chute.FileSource(str(tmp_path / "a.parquet")),
+        models=(Model("m", _mark_odd_ids, batch_format="numpy", on_error="quarantine"),),
+        carryover=("x",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    report = job.run()
+    assert (report.rows_out, report.rows_failed) == (500, 500)
+    errors = pq.read_table(tmp_path / "out" / "_errors")
+    assert sorted(errors.column("x").to_pylist()) == list(range(1, 1_000, 2))
+    assert set(errors.column("error_type").to_pylist()) == {"RowError"}
+    assert report.failures["groups"][0]["samples"] == ["odd"]
