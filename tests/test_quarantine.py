@@ -109,3 +109,17 @@ def test_marked_rows_go_to_the_errors_dataset(tmp_path: Path) -> None:
     assert sorted(errors.column("x").to_pylist()) == list(range(1, 1_000, 2))
     assert set(errors.column("error_type").to_pylist()) == {"RowError"}
     assert report.failures["groups"][0]["samples"] == ["odd"]
+
+
+def test_a_model_that_writes_into_its_batch_gets_fresh_rows_on_every_call() -> None:
+    def doubling_in_place(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = batch["x"]
+        x *= 2  # into the batch it was given
+        if (x == 2 * 1_000).any():
+            raise ValueError("row 1000")
+        return {"p": x}
+
+    out = _run(doubling_in_place)
+    assert _failed(out) == [1_000]
+    p = out.column("m_p").to_pylist()
+    assert [p[i] for i in (0, 999, 1_001, N - 1)] == [0, 1_998, 2_002, 2 * (N - 1)]

@@ -139,9 +139,20 @@ class ModelStage:
         self.clock.record(time.perf_counter() - started, table.num_rows)
         return table
 
-    def _predict(self, view: pa.Table) -> dict[str, pa.Array]:
-        out = self._call(to_format(self._model_view(view), self.batch_format))
+    def _predict(self, view: pa.Table, batch: Any = None) -> dict[str, pa.Array]:
+        if batch is None:
+            batch = to_format(self._model_view(view), self.batch_format)
+        out = self._call(batch)
         return to_columns(out, self.name, view.num_rows, f"model {self.name!r}")
+
+    def _slicer(self, view: pa.Table) -> Callable[[int, int], Any]:
+        """Batches of rows ``lo..hi`` of ``view`` for bisection: NumPy batches are cut from
+        one conversion of the whole view (a copy of the slice each, so a model that writes
+        into its input cannot change a later call's rows); other formats as usual."""
+        if self.batch_format != "numpy":
+            return lambda lo, hi: None
+        whole = to_format(self._model_view(view), "numpy")
+        return lambda lo, hi: {name: array[lo:hi].copy() for name, array in whole.items()}
 
     def _call(self, batch: Any) -> Any:
         """The model's outputs for ``batch``; past the timeout, :class:`BatchTimeout` and a
@@ -196,6 +207,7 @@ class ModelStage:
         lower_ok: list[bool | None] = []  # per split: did its lower half succeed?
         pending = [(lo, hi, -1, -1) for lo, hi in self._chunks(0, view.num_rows)]
         retries = TIMEOUT_RETRIES
+        slicer: Callable[[int, int], Any] | None = None  # made at the first failure
         while pending:
             lo, hi, reports, after = pending.pop()
             if hi - lo > (self.clock.batch_rows or hi - lo):  # queued before a later split
@@ -205,8 +217,11 @@ class ModelStage:
                 pending += self._halves(lo, hi, lower_ok)
                 continue
             try:
-                columns = self._predict(view.slice(lo, hi - lo))
+                batch = slicer(lo, hi) if slicer is not None else None
+                columns = self._predict(view.slice(lo, hi - lo), batch)
             except Exception as exc:
+                if slicer is None and not is_out_of_memory(exc):
+                    slicer = self._slicer(view)
                 if reports >= 0:
                     lower_ok[reports] = False
                 if is_out_of_memory(exc):
