@@ -1,0 +1,194 @@
+"""The committer: part records in, units committed to the ledger as soon as their parts
+cover them, metric states merged as they commit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from chute.evaluation import from_text, to_text
+from chute.ledger import Ledger
+from chute.metrics import State
+from chute.plan import Plan
+from chute.report import ProgressBar, StageStats
+from chute.sinks import PartRecord, read_ipc
+from chute.sources import Unit
+from chute.stages import KEY
+
+log = logging.getLogger("chute")
+
+
+class Committer:
+    """Collects part records and commits each unit once its parts cover all of its rows."""
+
+    def __init__(self, plan: Plan, ledger: Ledger | None, bar: ProgressBar | None) -> None:
+        self.plan = plan
+        self.ledger = ledger
+        self.bar = bar
+        self.units: dict[int, Unit] = {u.index: u for u in plan.pending}
+        self._parts: dict[int, list[PartRecord]] = defaultdict(list)
+        self._totals: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.rows_in = 0
+        self.rows_out = 0
+        self.rows_failed = 0
+        self.skipped: list[dict[str, str]] = []
+        self._started = time.perf_counter()
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        """(seconds since start, rows written) as parts arrive: the rate over the run."""
+        self.parts = 0
+        self.write = StageStats()
+        self.evaluation = plan.evaluation
+        self.metric_states: dict[str, State] = {}
+        """The job's merged metric states (committed units only): size independent of rows."""
+        self._unit_states: dict[int, dict[str, State]] = defaultdict(dict)
+        self._tables: list[tuple[int, int, pa.Table]] = []
+        self._pending: list[dict[str, Any]] = []
+        """Completed units not yet in the ledger (object stores write them in batches)."""
+        self._flushed = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def __enter__(self) -> Committer:
+        """Flush due ledger batches on a timer too: a unit that completed must not wait
+        for the next one to complete before it is committed (object stores batch)."""
+        if self.ledger is not None and self.ledger.batch_seconds > 0:
+            threading.Thread(target=self._tick, name="chute-commit", daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+
+    def _tick(self) -> None:
+        assert self.ledger is not None
+        while not self._stop.wait(min(0.25, self.ledger.batch_seconds)):
+            with self._lock:
+                if self._pending and self._due():
+                    try:
+                        self._flush()
+                    except Exception:  # the driver's next commit or final flush retries
+                        log.debug("a timed ledger flush failed", exc_info=True)
+
+    def _due(self) -> bool:
+        waited, elapsed = time.monotonic() - self._flushed, time.perf_counter() - self._started
+        return self.ledger is None or self.ledger.flush_due(waited, elapsed)
+
+    def add(self, records: Sequence[PartRecord]) -> None:
+        """Take records from the writers; commit the units they complete."""
+        completed: list[int] = []
+        for record in records:
+            if record.unit in self.done or record.unit not in self.units:
+                continue  # a duplicate from a retried task: its part is an orphan
+            if any(p.start == record.start for p in self._parts[record.unit]):
+                continue  # these rows were already written by another attempt: an orphan
+            self._parts[record.unit].append(record)
+            if record.unit_rows >= 0:
+                self._totals[record.unit] = record.unit_rows
+            self.parts += 1
+            if record.metrics:
+                self.evaluation.merge(self._unit_states[record.unit], [record.metrics])
+            self.write.add(record.seconds, record.end - record.start)
+            if record.data:
+                self._tables.append((record.unit, record.start, read_ipc(record.data)))
+            if self.bar is not None:
+                self.bar.advance(record.end - record.start)
+            if self._complete(record.unit):
+                completed.append(record.unit)
+        if records:
+            self.timeline.append((round(time.perf_counter() - self._started, 3), self.write.rows))
+        self._commit(completed)
+
+    def _complete(self, index: int) -> bool:
+        total = self._totals.get(index)
+        if total is None:
+            return False
+        spans = sorted((p.start, p.end) for p in self._parts[index])
+        reached = 0
+        for start, end in spans:
+            if start != reached:
+                return False
+            reached = end
+        return reached == total
+
+    def _commit(self, indexes: list[int]) -> None:
+        if not indexes:
+            return
+        entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
+        with self._lock:
+            self._pending.extend(entries)
+            if self._due():
+                self._flush()
+        if self.bar is not None:
+            self.bar.describe(f"units {len(self.done)}/{len(self.units)}")
+
+    def flush(self) -> None:
+        """Write the completed units to the ledger: only now are they committed."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.ledger is not None and self._pending:
+            self.ledger.commit(self._pending)  # kept pending if this raises
+        self._pending = []
+        self._flushed = time.monotonic()
+
+    def _entry(self, index: int, parts: list[PartRecord]) -> dict[str, Any]:
+        """Count a complete unit and describe it for the ledger."""
+        unit = self.units[index]
+        skipped = next((p.skipped for p in parts if p.skipped), "")
+        rows = 0 if skipped else self._totals[index]
+        failed = sum(p.error_rows for p in parts)
+        self.done.add(index)
+        self.rows_in += rows
+        self.rows_out += rows - failed
+        self.rows_failed += failed
+        entry: dict[str, Any] = {
+            "unit": unit.id,
+            "index": index,
+            "rows": rows,
+            "errors": failed,
+            "parts": [f for p in parts for f in (p.path, p.errors_path) if f],
+            "files": [
+                [path, rows, size]
+                for p in parts
+                for path, rows, size in (
+                    (p.path, p.end - p.start - p.error_rows, p.nbytes),
+                    (p.errors_path, p.error_rows, p.errors_nbytes),
+                )
+                if path
+            ],
+        }
+        states = self._unit_states.pop(index, {})
+        if states:
+            entry["metrics"] = to_text(states)
+            self.evaluation.merge(self.metric_states, [states])
+        if skipped:
+            entry["skipped"] = skipped
+            self.skipped.append({"unit": unit.id, "error": skipped})
+        tables = [json.loads(p.table) for p in parts if p.table]
+        if tables:  # a table output: the parts' schemas (and Lance fragments) to commit
+            entry["table"] = tables
+        return entry
+
+    def absorb(self, entries: Iterable[dict[str, Any]]) -> None:
+        """Merge the metric states of units committed by earlier runs (a resume)."""
+        self.evaluation.merge(
+            self.metric_states, [from_text(e.get("metrics", "")) for e in entries]
+        )
+
+    def missing(self) -> list[Unit]:
+        return [u for i, u in self.units.items() if i not in self.done]
+
+    def result(self) -> pa.Table | None:
+        """In-memory rows in input order (only for runs without an output location)."""
+        if not self._tables:
+            return None
+        ordered = sorted(self._tables, key=lambda t: (t[0], t[1]))
+        return pa.concat_tables([t for _, _, t in ordered]).drop_columns([KEY])
