@@ -62,7 +62,12 @@ def score(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def job(
-    folder: Path, out: Path, *, metrics: bool = False, on_error: str = "quarantine"
+    folder: Path,
+    out: Path,
+    *,
+    metrics: bool = False,
+    on_error: str = "quarantine",
+    engine: str = "local",
 ) -> chute.Job:
     specs: list[dict[str, Any]] = [
         {"type": "auc_roc", "label": "label", "score": "m_p"},
@@ -87,7 +92,7 @@ def job(
         carryover=("id", "region", "label"),
         output=chute.Sink(str(out)),
         metrics=tuple(metric_from_spec(s) for s in specs) if metrics else (),
-        engine="local",
+        engine=engine,  # type: ignore[arg-type]
     )
 
 
@@ -106,10 +111,10 @@ def metrics_report(folder: Path) -> Path:
     return out
 
 
-def failures_report(folder: Path) -> Path:
+def failures_report(folder: Path, engine: str = "local") -> Path:
     """Quarantined rows of two exception types."""
     out = folder / "out"
-    job(data(folder / "data"), out).run()
+    job(data(folder / "data"), out, engine=engine).run()
     return out
 
 

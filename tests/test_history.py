@@ -31,13 +31,17 @@ def _stat(out: Path) -> dict[str, tuple[int, bytes]]:
     return found
 
 
-@pytest.mark.timeout(120)
-def test_a_finished_job_run_again_says_nothing_to_do_and_changes_nothing(tmp_path: Path) -> None:
-    out = reports.failures_report(tmp_path)
+@pytest.mark.timeout(180)
+def test_a_finished_job_run_again_says_nothing_to_do_and_changes_nothing(
+    engine: str, tmp_path: Path
+) -> None:
+    out = reports.failures_report(tmp_path, engine)
     before = _stat(out)
     assert _report(out)["rows_failed"] == 83
     console = Console(file=io.StringIO(), width=200)
-    again = run_job(reports.job(tmp_path / "data", out), progress=True, console=console)
+    again = run_job(
+        reports.job(tmp_path / "data", out, engine=engine), progress=True, console=console
+    )
     message = f"nothing to do: all {UNITS} units already committed"
     assert message in console.file.getvalue()  # type: ignore[attr-defined]
     assert again.stopped == message and message in again.render(width=200)

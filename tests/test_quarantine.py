@@ -93,15 +93,15 @@ def _mark_odd_ids(batch: dict[str, np.ndarray]) -> dict[str, object]:
     return {"p": batch["x"] * 2.0, "_error": np.where(batch["x"] % 2 == 1, "odd", None)}
 
 
-@pytest.mark.timeout(120)
-def test_marked_rows_go_to_the_errors_dataset(tmp_path: Path) -> None:
+@pytest.mark.timeout(180)
+def test_marked_rows_go_to_the_errors_dataset(engine: str, tmp_path: Path) -> None:
     pq.write_table(pa.table({"x": np.arange(1_000, dtype=np.int64)}), tmp_path / "a.parquet")
     job = chute.Job(
         source=chute.FileSource(str(tmp_path / "a.parquet")),
         models=(Model("m", _mark_odd_ids, batch_format="numpy", on_error="quarantine"),),
         carryover=("x",),
         output=chute.Sink(str(tmp_path / "out")),
-        engine="local",
+        engine=engine,  # type: ignore[arg-type]
     )
     report = job.run()
     assert (report.rows_out, report.rows_failed) == (500, 500)
