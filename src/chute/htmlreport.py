@@ -235,7 +235,10 @@ def _throughput(report: dict[str, Any]) -> str:
     if not runs and len(report.get("timeline") or []) > 1:
         runs = [{"timeline": report["timeline"], "rows": report.get("rows_in", 0)}]
     if not runs:
-        return ""
+        return (
+            "<section id='throughput'><h2>Throughput</h2>"
+            "<p class='note'>No rows were written, so there is no rate to show.</p></section>"
+        )
     offset_t, offset_rows = 0.0, 0.0
     rate_series, total_series = [], []
     shown = runs[-RUNS_PLOTTED:]
