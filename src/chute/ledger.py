@@ -353,6 +353,13 @@ class Ledger:
         with contextlib.suppress(FileNotFoundError):  # gone already (a retried delete)
             self.fs.delete_file(path)
 
+    def finished(self) -> bool:
+        """Whether the success marker is there: the last run finished the output and nothing
+        (an interrupted ``--overwrite``) has begun to take it apart since."""
+        path = f"{self.root}/{SUCCESS}"
+        info = retrying(lambda: self.fs.get_file_info(path), f"reading {SUCCESS}")
+        return bool(info.is_file)
+
     def unfinish(self) -> None:
         """Remove the success marker: the location is being written again."""
         retrying(lambda: self._delete(f"{self.root}/{SUCCESS}"), f"removing {SUCCESS}")

@@ -26,13 +26,15 @@ class Run:
     started_at: float
     redone: list[str] = field(default_factory=list)
     """Committed units whose files were missing or changed, so recomputed."""
+    finished: bool = False
+    """The output's success marker was there when the run began."""
     previous: dict[str, Any] | None = None
     """The output's report before this run (its runs are kept)."""
 
     @property
     def nothing_to_do(self) -> bool:
         """Every unit is committed, verified, and the last run finished the output."""
-        done = bool(self.previous and self.previous.get("complete", True))
+        done = self.finished and bool(self.previous and self.previous.get("complete", True))
         return done and not self.plan.pending and not self.redone
 
 

@@ -87,6 +87,7 @@ def _open_ledger(
     else:
         ledger = Ledger.open(output.path, *args, storage=output.storage, lease=lease)
     run.previous = ledger.report()
+    run.finished = ledger.finished()
     run.redone = ledger.reconcile()
     if run.redone:
         log.warning(
