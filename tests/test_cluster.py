@@ -151,7 +151,7 @@ def test_a_job_whose_model_is_a_local_module_ships_its_directory_to_the_cluster(
     )
     if not ship:  # the test can fail: without shipping, nothing finds the module
         assert run.returncode == 2
-        assert "cannot import 'scorer' (from 'scorer:Scorer')" in run.stderr
+        assert "cannot import 'scorer:Scorer': no module named 'scorer'" in run.stderr
         return
     assert run.returncode == 0, run.stderr
     result = pd.read_parquet(tmp_path / "out")

@@ -74,9 +74,10 @@ class ResourceError(ChuteError):
     exit_code = 6
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """Return ``" Did you mean 'x'?"`` for the closest choice, or ``""``."""
-    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+def did_you_mean(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """Return ``" Did you mean 'x'?"`` for the closest choice, or ``""``; a higher
+    ``cutoff`` for big vocabularies (every module on sys.path), where a loose match is noise."""
+    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=cutoff)
     return f" Did you mean {matches[0]!r}?" if matches else ""
 
 

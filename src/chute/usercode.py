@@ -69,7 +69,7 @@ def _not_found(module_name: str, target: str, exc: ModuleNotFoundError) -> str:
     near = [f"{parent}.{name}" if parent else name for name in _modules_in(parent)]
     return (
         f"cannot import {target!r}: no module named {missing!r} on sys.path."
-        f"{did_you_mean(missing, near)} {HOW_FN_RESOLVES}"
+        f"{did_you_mean(missing, near, cutoff=0.8)} {HOW_FN_RESOLVES}"
     )
 
 
