@@ -41,3 +41,17 @@ def test_an_empty_batch_has_the_same_columns() -> None:
     assert _batch(0, 0.1).schema == _batch(5, 0.1).schema
     _, totals = carried.collect(_batch(0, 0.1))
     assert totals["m"]["rows"] == 0
+
+
+def test_counters_travel_once_per_batch_whatever_their_names() -> None:
+    """A model's counters (an LLM's tokens) ride in one row of their batch: slices and
+    joins sum each batch's once, and batches with other counter names share a schema."""
+    a = carried.carry(pa.table({"x": np.arange(10)}), "m", 1.0, (0, None), {"tokens": 7.0})
+    b = carried.carry(pa.table({"x": np.arange(4)}), "m", 1.0, (0, None), {"finish/stop": 2})
+    c = carried.carry(pa.table({"x": np.arange(3)}), "m", 1.0, (0, None), {})
+    assert a.schema == b.schema == c.schema
+    joined = pa.concat_tables([a.slice(0, 3), b, a.slice(3), c])
+    _, totals = carried.collect(joined)
+    (stats,) = carried.stage_stats(totals).values()
+    assert stats.counters == {"tokens": 7.0, "finish/stop": 2.0}
+    assert carried.counted(totals) == {"m": {"tokens": 7.0, "finish/stop": 2.0}}

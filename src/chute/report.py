@@ -9,7 +9,7 @@ import html
 import io
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -42,11 +42,18 @@ class StageStats:
     """Batches a model split in half after running out of memory."""
     batch_rows: int | None = None
     """Rows per batch after those splits (the smallest over the replicas); ``None``: none."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """What the stage's model counted (``Adapter.take_counters``), summed: an LLM's
+    ``requests``, ``prompt_tokens``, ``generated_tokens``, ``finish/<reason>``,
+    ``error/<kind>``."""
 
     def add(self, seconds: float, rows: int, batches: int = 1) -> None:
         self.busy_seconds += seconds
         self.rows += rows
         self.batches += batches
+
+    def add_counters(self, counters: Mapping[str, float]) -> None:
+        add_counters(self.counters, counters)
 
     def add_splits(self, splits: int, batch_rows: int | None) -> None:
         """Count out-of-memory splits, and the replica's rows per batch since."""
@@ -216,6 +223,10 @@ class Report:
             )
             if stats.memory_note:
                 rows.append((f"model {name}", stats.memory_note))
+            rows += [
+                (f"{kind}: {name}", text)
+                for kind, text in counter_lines(stats.counters, self.wall_seconds)
+            ]
         for owner, metrics in self.metrics.items():
             rows += [(f"{owner}: {name}", _headline(values)) for name, values in metrics.items()]
         rows.append(("status", "complete" if self.complete else "INCOMPLETE"))
@@ -226,6 +237,45 @@ class Report:
         if self.html:
             rows.append(("HTML report", self.html))
         return rows
+
+
+def add_counters(into: dict[str, float], counters: Mapping[str, float]) -> None:
+    """Sum ``counters`` into ``into``."""
+    for name, value in counters.items():
+        into[name] = into.get(name, 0.0) + value
+
+
+RATED = ("requests", "prompt_tokens", "generated_tokens")
+"""Counters shown with their rate over the run's wall time."""
+
+
+def counter_lines(counters: Mapping[str, float], seconds: float) -> list[tuple[str, str]]:
+    """A model's counters as report lines: ``("tokens", "12 requests (3.1/s), 1,024
+    prompt tokens (...), 96 generated tokens (24.6/s)")``, then ``("finish", "stop 10,
+    length 2")`` and ``("errors", "prompt_too_long 1")`` for the ``kind/value`` ones."""
+    if not counters:
+        return []
+    plain: list[str] = []
+    grouped: dict[str, list[str]] = {}
+    for name in sorted(counters, key=lambda n: (RATED.index(n) if n in RATED else 9, n)):
+        value = counters[name]
+        group, _, key = name.partition("/")
+        if key:
+            grouped.setdefault(group, []).append(f"{key} {value:,.0f}")
+            continue
+        rate = f" ({value / seconds:,.1f}/s)" if name in RATED and seconds > 0 else ""
+        plain.append(f"{value:,.0f} {name.replace('_', ' ')}{rate}")
+    lines = [("counted", ", ".join(plain))] if plain else []
+    return lines + [(group, ", ".join(values)) for group, values in grouped.items()]
+
+
+def progress_note(counters: Mapping[str, float], seconds: float) -> str:
+    """The progress line's token figure: ``"1,920 tokens out, 641 tok/s"`` (or ``""``)."""
+    generated = counters.get("generated_tokens")
+    if generated is None:
+        return ""
+    rate = generated / seconds if seconds > 0 else 0.0
+    return f"{generated:,.0f} tokens out, {rate:,.0f} tok/s"
 
 
 def memory_notes(report: dict[str, Any]) -> list[tuple[str, str]]:

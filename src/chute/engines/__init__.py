@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,8 +29,16 @@ if TYPE_CHECKING:
     from chute.report import StageStats
     from chute.sinks import PartRecord
 
-Commit = Callable[[list["PartRecord"]], None]
-"""What an engine hands each batch of part records to (the driver's committer)."""
+Counters = Mapping[str, Mapping[str, float]]
+"""What the models counted, by stage (see ``Adapter.take_counters``)."""
+
+
+class Commit(Protocol):
+    """What an engine hands each batch of part records to (the driver's committer), with
+    what the models counted since the last call, for the progress line (optional: the
+    report's totals come from the stage statistics)."""
+
+    def __call__(self, records: list[PartRecord], counters: Counters | None = None) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from functools import partial
 
 import pyarrow as pa
 
-from chute.engines import EngineOptions
+from chute.engines import Commit, EngineOptions
 from chute.engines.resources import StageResources, check_local, gpu_slots, local_replicas
 from chute.job import Model
 from chute.plan import Plan, StagePlan
-from chute.report import StageStats
+from chute.report import StageStats, add_counters
 from chute.sinks import PartRecord, PartWriter
 from chute.sources import Unit
 from chute.stages import KEY, ROW_BITS, ModelStage, PrepareStage, PreprocessStage, preparer
@@ -206,9 +206,7 @@ class LocalEngine:
         stages = [_local_resources(s.model) for s in plan.stages]
         return stages, "the local engine: replicas are threads in this process"
 
-    def execute(
-        self, plan: Plan, commit: Callable[[list[PartRecord]], None]
-    ) -> dict[str, StageStats]:
+    def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
         run = _Run(plan, self.readers, self.writers)
         return run.drive(commit)
 
@@ -224,6 +222,8 @@ class _Run:
         """Part records for the driver; ``None`` each time a thread ends."""
         self.threads: list[threading.Thread] = []
         self.stats: dict[str, StageStats] = {}
+        self.counted: dict[str, dict[str, float]] = {}
+        """What the models counted since the driver's last commit (for the progress line)."""
         self._stats_lock = threading.Lock()
         self._units: Iterator[Unit] = iter(plan.pending)
         self._units_lock = threading.Lock()
@@ -323,8 +323,12 @@ class _Run:
             began = time.perf_counter()
             result = model(batch)
             self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
+            counters = model.clock.take_counters()
             with self._stats_lock:
                 self.stats[stage.model.name].add_splits(*model.clock.take_splits())
+                if counters:
+                    self.stats[stage.model.name].add_counters(counters)
+                    add_counters(self.counted.setdefault(stage.model.name, {}), counters)
             out.put(result)
 
     def _map(
@@ -344,7 +348,7 @@ class _Run:
         while (batch := source.get()) is not None:
             self.records.put(writer.write(batch))
 
-    def drive(self, commit: Callable[[list[PartRecord]], None]) -> dict[str, StageStats]:
+    def drive(self, commit: Commit) -> dict[str, StageStats]:
         """Start the threads and commit records on this (the driver) thread until done."""
         for thread in self.threads:
             thread.start()
@@ -359,7 +363,9 @@ class _Run:
                 if records is None:
                     running -= 1
                 else:
-                    commit(records)
+                    with self._stats_lock:
+                        counted, self.counted = self.counted, {}
+                    commit(records, counted)
             self._raise_first_error()
         finally:
             self.stop.set()

@@ -85,6 +85,13 @@ class Adapter:
     def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
         raise NotImplementedError
 
+    def take_counters(self) -> dict[str, float]:
+        """What the adapter counted since the last call (an LLM's ``prompt_tokens``,
+        ``generated_tokens``, ``requests``, ``finish/<reason>``, ``error/<kind>``), reset.
+        The stage calls it after every batch; the report and the progress line sum them
+        over the replicas (see :func:`chute.report.counter_lines`). Default: nothing."""
+        return {}
+
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> None:
         """Refuse bad options before anything runs (planning, ``chute validate``). By default:

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -17,7 +17,7 @@ from chute.evaluation import from_text, to_text
 from chute.ledger import Ledger
 from chute.metrics import State
 from chute.plan import Plan
-from chute.report import ProgressBar, StageStats
+from chute.report import ProgressBar, StageStats, add_counters, progress_note
 from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
 from chute.stages import KEY
@@ -45,6 +45,8 @@ class Committer:
         """(seconds since start, rows written) as parts arrive: the rate over the run."""
         self.parts = 0
         self.write = StageStats()
+        self.counted: dict[str, float] = {}
+        """What the models counted so far, over every stage (for the progress line)."""
         self.evaluation = plan.evaluation
         self.metric_states: dict[str, State] = {}
         """The job's merged metric states (committed units only): size independent of rows."""
@@ -80,8 +82,17 @@ class Committer:
         waited, elapsed = time.monotonic() - self._flushed, time.perf_counter() - self._started
         return self.ledger is None or self.ledger.flush_due(waited, elapsed)
 
-    def add(self, records: Sequence[PartRecord]) -> None:
-        """Take records from the writers; commit the units they complete."""
+    def add(
+        self,
+        records: Sequence[PartRecord],
+        counters: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        """Take records from the writers; commit the units they complete. ``counters``:
+        what the models counted meanwhile (tokens), shown on the progress line."""
+        if counters:
+            for stage in counters.values():
+                add_counters(self.counted, stage)
+            self._describe()
         completed: list[int] = []
         for record in records:
             if record.unit in self.done or record.unit not in self.units:
@@ -105,6 +116,14 @@ class Committer:
             self.timeline.append((round(time.perf_counter() - self._started, 3), self.write.rows))
         self._commit(completed)
 
+    def _describe(self) -> None:
+        """``units 3/12``, and the tokens generated when a model counts them."""
+        if self.bar is None:
+            return
+        note = progress_note(self.counted, time.perf_counter() - self._started)
+        units = f"units {len(self.done)}/{len(self.units)}"
+        self.bar.describe(f"{units} · {note}" if note else units)
+
     def _complete(self, index: int) -> bool:
         total = self._totals.get(index)
         if total is None:
@@ -126,7 +145,7 @@ class Committer:
             if self._due():
                 self._flush()
         if self.bar is not None:
-            self.bar.describe(f"units {len(self.done)}/{len(self.units)}")
+            self._describe()
 
     def flush(self) -> None:
         """Write the completed units to the ledger: only now are they committed."""

@@ -1,6 +1,9 @@
-"""What a stage replica measures: busy seconds, rows, batches and out-of-memory splits."""
+"""What a stage replica measures: busy seconds, rows, batches, out-of-memory splits, and
+the counters its model reports (an LLM's tokens, requests, finish reasons, errors by kind)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class StageClock:
@@ -14,6 +17,8 @@ class StageClock:
         """Out-of-memory splits not yet reported (see :meth:`take_splits`)."""
         self.batch_rows: int | None = None
         """The most rows the replica predicts at once after a split; ``None`` before one."""
+        self.counters: dict[str, float] = {}
+        """What the model counted (``Adapter.take_counters``) and was not yet reported."""
 
     def take_splits(self) -> tuple[int, int | None]:
         """The splits since the last call, and the rows per batch now; resets the count."""
@@ -24,3 +29,13 @@ class StageClock:
         self.busy += seconds
         self.rows += rows
         self.batches += 1
+
+    def count(self, counters: Mapping[str, float]) -> None:
+        """Add what the model counted in a batch."""
+        for name, value in counters.items():
+            self.counters[name] = self.counters.get(name, 0.0) + value
+
+    def take_counters(self) -> dict[str, float]:
+        """The counters since the last call; resets them."""
+        counters, self.counters = self.counters, {}
+        return counters

@@ -137,6 +137,9 @@ class ModelStage:
                 table, positions[[i for i, _ in failures]], self.name, [exc for _, exc in failures]
             )
         self.clock.record(time.perf_counter() - started, table.num_rows)
+        take = getattr(self._fn, "take_counters", None)
+        if callable(take):  # an adapter's counters (an LLM's tokens): the report sums them
+            self.clock.count(take())
         return table
 
     def _predict(self, view: pa.Table, batch: Any = None) -> dict[str, pa.Array]:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from chute.engines import EngineOptions, carried
+from chute.engines import Commit, EngineOptions, carried
 from chute.engines.ray.operators import (
     ModelActor,
     ObjectStoreSource,
@@ -23,7 +22,7 @@ from chute.errors import ChuteError
 from chute.plan import Plan, Reader, StagePlan
 from chute.raydata import quiet_data
 from chute.report import StageStats
-from chute.sinks import Output, PartRecord, records_from_table
+from chute.sinks import Output, records_from_table
 from chute.sources import DatasetSource, TableSource
 from chute.stages import PrepareStage, preparer
 
@@ -63,9 +62,7 @@ class RayEngine:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
         return plan_resources([s.model for s in plan.stages], cluster())
 
-    def execute(
-        self, plan: Plan, commit: Callable[[list[PartRecord]], None]
-    ) -> dict[str, StageStats]:
+    def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
 
         resources = self.resources(plan)
         totals: dict[str, dict[str, float]] = {}
@@ -76,7 +73,7 @@ class RayEngine:
     def _stream(
         self,
         dataset: Any,
-        commit: Callable[[list[PartRecord]], None],
+        commit: Commit,
         totals: dict[str, dict[str, float]],
     ) -> None:
         """Hand every part record to ``commit`` and sum the stage statistics that came with
@@ -88,9 +85,11 @@ class RayEngine:
         batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
         try:
             for batch in batches:
+                counters: dict[str, dict[str, float]] = {}
                 for text in batch.column(carried.STAGES).to_pylist():
                     carried.add(totals, carried.decode(text))
-                commit(records_from_table(batch.drop_columns([carried.STAGES])))
+                    carried.add(counters, carried.counted(carried.decode(text)))
+                commit(records_from_table(batch.drop_columns([carried.STAGES])), counters)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
             error = _unwrap(exc)
             drop_frames(exc)

@@ -126,11 +126,13 @@ class ModelActor:
         out = self.stage(table)
         clock, name = self.stage.clock, self.stage.name
         busy, clock.busy = clock.busy, 0.0
+        counters = clock.take_counters()
         if self.writer is None:  # a later stage writes: the stats travel with the rows
-            return carried.carry(out, name, busy, clock.take_splits())
+            return carried.carry(out, name, busy, clock.take_splits(), counters)
         out, totals = carried.collect(out)
         splits, batch_rows = clock.take_splits()
         mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows), "splits": splits}
+        mine.update({carried.COUNTED + k: v for k, v in counters.items()})
         carried.add(totals, {name: {**mine, "batch_rows": float(batch_rows or 0)}})
         records = records_to_table(self.writer.write(out))
         text = [carried.encode(totals)] + [""] * (records.num_rows - 1)

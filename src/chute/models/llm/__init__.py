@@ -43,7 +43,7 @@ from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import rename, renamed
 from chute.models.llm.engine import Engine, columns, load_llm
 from chute.models.llm.requests import CHAT, EMBEDDINGS, Request, requests_of
-from chute.models.llm.responses import BAD_REQUEST, Outcome
+from chute.models.llm.responses import BAD_REQUEST, Outcome, counters
 from chute.models.llm.sampling import ENGINE, known_sampling, sampling_options
 from chute.models.llm.structured import structured
 
@@ -84,6 +84,16 @@ class VLLMAdapter(Adapter):
         path = local_path(str(options["path"]))
         name = str(options.get("served_model_name") or os.path.basename(path.rstrip("/")))
         self.engine = Engine(load_llm(path, options, context, self.task), name)
+        self.counted: dict[str, float] = {}
+
+    def take_counters(self) -> dict[str, float]:
+        """Requests, prompt and generated tokens, finish reasons, errors by kind."""
+        counted, self.counted = self.counted, {}
+        return counted
+
+    def _count(self, outcomes: list[Outcome]) -> None:
+        for name, value in counters(outcomes).items():
+            self.counted[name] = self.counted.get(name, 0.0) + value
 
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> None:
@@ -137,6 +147,7 @@ class VLLMAdapter(Adapter):
                     "on a model of its own)"
                 )
         outcomes = self.engine.generate(requests, self.sampling, self.seed, self.structure)
+        self._count(outcomes)
         n = int(self.sampling.get("n", 1) or 1)
         out = columns(outcomes, requests, self.structure, n, self.engine.model_name)
         if "logprobs" in self.sampling and "logprobs" not in out:
@@ -149,6 +160,7 @@ class VLLMAdapter(Adapter):
                 request.error = "this model embeds (task: embed): it serves /v1/embeddings only"
             request.endpoint = EMBEDDINGS if request.error is None else request.endpoint
         outcomes = self.engine.embed(requests)
+        self._count(outcomes)
         out = columns(outcomes, requests, None, 1, self.engine.model_name)
         for name in ("text", "finish_reason", "completion_tokens"):
             out.pop(name)

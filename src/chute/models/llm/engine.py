@@ -47,6 +47,10 @@ def load_llm(path: str, options: Mapping[str, Any], context: ReplicaContext, tas
     return LLM(model=path, **settings)
 
 
+class PromptTooLong(ValueError):
+    """A prompt that leaves no room for a reply in the model's window."""
+
+
 class Engine:
     """A loaded ``vllm.LLM`` and what serving one batch of requests takes."""
 
@@ -66,7 +70,7 @@ class Engine:
         else:
             ids = self.tokenizer.encode(request.prompt or "")
         if len(ids) >= self.window:
-            raise ValueError(
+            raise PromptTooLong(
                 f"the prompt has {len(ids)} tokens; the model's window (max_model_len) is "
                 f"{self.window}, which leaves no room for a reply: shorten the prompt or "
                 "raise max_model_len"
@@ -80,12 +84,15 @@ class Engine:
         prompts: list[Any] = []
         for request, outcome in zip(requests, outcomes, strict=True):
             if request.error is not None:
-                outcome.error, outcome.status = request.error, BAD_REQUEST
+                outcome.fail(request.error, BAD_REQUEST, "bad_request")
                 continue
             try:
                 ids = self.tokens(request)
-            except Exception as exc:  # a template that cannot render this chat, too
-                outcome.error, outcome.status = str(exc), BAD_REQUEST
+            except PromptTooLong as exc:
+                outcome.fail(str(exc), BAD_REQUEST, "prompt_too_long")
+                continue
+            except Exception as exc:  # a template that cannot render this chat
+                outcome.fail(str(exc), BAD_REQUEST, "bad_request")
                 continue
             outcome.prompt_tokens = len(ids)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
@@ -117,7 +124,7 @@ class Engine:
             try:
                 params.append(SamplingParams(**merged))
             except Exception as exc:
-                outcomes[i].error, outcomes[i].status = f"bad sampling parameters: {exc}", 400
+                outcomes[i].fail(f"bad sampling parameters: {exc}", BAD_REQUEST, "bad_request")
         served = [i for i in live if outcomes[i].error is None]
         kept = [prompts[live.index(i)] for i in served]
         results = self.llm.generate(kept, params, use_tqdm=False) if kept else []
@@ -153,7 +160,7 @@ def _fill(outcome: Outcome, result: Any, structure: Structured | None) -> None:
         outcome.value = structure.parse(first.text)
     except ValueError as exc:
         cut = " (cut at max_tokens)" if first.finish_reason == "length" else ""
-        outcome.error, outcome.status = f"{exc}{cut}", UNPARSED
+        outcome.fail(f"{exc}{cut}", UNPARSED, "unparsed")
 
 
 def columns(

@@ -36,7 +36,12 @@ class Outcome:
     embedding: list[float] | None = None
     error: str | None = None
     status: int = 200
+    kind: str = ""
+    """What kind of error (``bad_request``, ``prompt_too_long``, ``unparsed``, ...)."""
     created: int = 0
+
+    def fail(self, error: str, status: int, kind: str) -> None:
+        self.error, self.status, self.kind = error, status, kind
 
     @property
     def finish_reason(self) -> str | None:
@@ -107,3 +112,20 @@ def line(request: Request, outcome: Outcome, model: str) -> str:
         },
         ensure_ascii=False,
     )
+
+
+def counters(outcomes: list[Outcome]) -> dict[str, float]:
+    """What a batch of requests counts for the report: ``requests``, ``prompt_tokens``,
+    ``generated_tokens``, ``finish/<reason>`` per completion, ``error/<kind>``."""
+    out: dict[str, float] = {
+        "requests": float(len(outcomes)),
+        "prompt_tokens": float(sum(o.prompt_tokens or 0 for o in outcomes)),
+        "generated_tokens": float(sum(o.completion_tokens for o in outcomes)),
+    }
+    for outcome in outcomes:
+        for reason in outcome.finish_reasons:
+            out[f"finish/{reason}"] = out.get(f"finish/{reason}", 0.0) + 1
+        if outcome.error is not None:
+            kind = f"error/{outcome.kind or 'other'}"
+            out[kind] = out.get(kind, 0.0) + 1
+    return out
