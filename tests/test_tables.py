@@ -372,6 +372,65 @@ def test_a_driver_killed_at_random_moments_resumes_exactly_once(
     _check_chaos(sink)
 
 
+# --------------------------------------------------------------------------- status, report
+
+
+def _cli(*args: str) -> str:
+    """``chute ARGS`` through click's runner (exit 0 required); the output on one line."""
+    from click.testing import CliRunner
+
+    from chute.cli import main
+
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.replace("│", " ").split())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_status_and_report_on_a_table_through_the_cli(fmt: str, data: Path, tmp_path: Path) -> None:
+    """A run killed after its first table commit, its batch staged: `chute status` says
+    what is committed and unresolved; resumed, finished; then a second job on the table:
+    status shows both, --job and the job file pick one, `chute report` the latest."""
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    path = _job_file(tmp_path / "job.yaml", data, sink, delay=0.0)  # JSON is YAML
+    died = _run([str(TABLE_CHAOS), "staged", "2", str(path)])
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    where = str(_location(sink))
+    held = sum(len(units_of(m[UNITS_KEY])) for m in history(sink))
+    staged = _cli("status", where)
+    assert f"units committed {held} of {UNITS}" in staged and "finished no" in staged
+    assert "units unresolved" in staged and "(table), job " in staged
+    assert _run(["-m", "chute", "run", str(path), "-q"]).returncode == 0
+    done = _cli("status", where)
+    assert f"units committed {UNITS} of {UNITS}" in done and f"rows committed {ROWS:,}" in done
+    assert "finished yes" in done and "unresolved" not in done
+    assert f"{fmt} table:" in done and "the last run made" in done
+    first = next(
+        iter(json.loads(p.read_text()) for p in _location(sink).glob("_chute/jobs/*/job.json"))
+    )
+    job_id = str(first["fingerprint"])[:16]
+    assert f"job {job_id}" in done
+
+    other = _job_file(tmp_path / "other.yaml", data / "unit-000.parquet", sink, delay=0.0)
+    assert _run(["-m", "chute", "run", str(other), "-q"]).returncode == 0
+    both = _cli("status", where)
+    assert both.count("chute status:") == 2 and both.count("finished yes") == 2
+    assert both.index(f"job {job_id}") > both.index("chute status:", 1), "latest job first"
+    mine = _cli("status", str(path))  # the job file: its table, its job
+    assert mine.count("chute status:") == 1 and f"job {job_id}" in mine
+    picked = _cli("status", where, "--job", job_id[:8])
+    assert picked.partition("(table)")[2] == mine.partition("(table)")[2]
+    report = _cli("report", where)  # the latest job: the one unit of the second
+    assert f"{ROWS_PER_UNIT:,}" in report and "report.html" in report
+    report = _cli("report", str(path))  # the first job's last run: the resume
+    assert f"{UNITS - held} run, {held} already done, {UNITS} in all" in report
+    html = f"/_chute/jobs/{job_id}/report.html"
+    assert report.count(html) == 2  # in the report, and the one rewritten now
+    assert (_location(sink) / "_chute" / "jobs" / job_id / "report.html").is_file()
+
+
 # --------------------------------------------------------------------------- MiniLM
 
 

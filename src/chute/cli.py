@@ -200,38 +200,49 @@ def plan(job_file: str, **opts: Any) -> None:
     console.print(render_plan(_load(job_file, **opts)))
 
 
+JOB_OPTION = click.option(
+    "--job", help="Of a table's jobs, this one (its fingerprint's first digits)."
+)
+
+
 @main.command(example="chute status out/tips/  (or the job file: chute status job.yaml)")
 @click.argument("output")
+@JOB_OPTION
 @handle_errors
-def status(output: str) -> None:
-    """Show what an output location (or a job file's) holds: units done, rows, finished."""
+def status(output: str, job: str | None) -> None:
+    """Show what an output location (or a job file's) holds: units done, rows, finished.
+
+    OUTPUT is a directory, a table's location (each of its jobs), or a job file."""
     from chute.planview import render_status
 
-    console.print(render_status(*_location(output)))
+    console.print(render_status(*_location(output, job)))
 
 
 @main.command(example="chute report out/tips/")
 @click.argument("output")
+@JOB_OPTION
 @handle_errors
-def report(output: str) -> None:
+def report(output: str, job: str | None) -> None:
     """Print the report of a finished or partial run again and (re)write its HTML.
 
-    OUTPUT is the output location, or the job file (its storage options included)."""
+    OUTPUT is the output location (a table's: its latest job's report), or the job file
+    (its storage options included)."""
     from chute.planview import rewrite_report
 
-    summary, html_path = rewrite_report(*_location(output))
+    summary, html_path = rewrite_report(*_location(output, job))
     console.print(summary)
     console.print(f"HTML report: {html_path}")
 
 
-def _location(output: str) -> tuple[str, Any]:
-    """An output location and how to reach it: given directly, or as a job file's output
-    (with the job's ``storage:`` section, say an S3 endpoint)."""
+def _location(output: str, job: str | None = None) -> tuple[str, Any, str | None]:
+    """An output location, how to reach it and which job of a table: given directly, or
+    as a job file's output (with the job's ``storage:`` section, say an S3 endpoint)."""
     if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
-        sink = _load(output).output
-        assert sink is not None  # a job file always names its output
-        return sink.path, sink.storage
-    return output, None
+        from chute.planview import output_of
+
+        path, storage, own = output_of(_load(output))
+        return path, storage, job or own
+    return output, None, job
 
 
 @main.command(example="chute demo --rows 100000")

@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 
 from chute.ledger import Ledger
 from chute.report import Report
-from chute.sinks import ERRORS_DIR
 from chute.storage import read
 
 SAMPLES = 3
@@ -88,7 +87,7 @@ def failures(ledger: Ledger, output: str) -> dict[str, Any]:
         path
         for entry in ledger.entries.values()
         for path in entry.get("parts", [])
-        if path.startswith(f"{ERRORS_DIR}/")
+        if path.startswith(f"{ledger.errors_dir}/")
     ]
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(paths):
@@ -98,7 +97,7 @@ def failures(ledger: Ledger, output: str) -> dict[str, Any]:
     ordered = sorted(groups.values(), key=lambda g: (-g["rows"], g["model"], g["error_type"]))
     return {
         "rows": sum(g["rows"] for g in ordered),
-        "path": f"{output.rstrip('/')}/{ERRORS_DIR}/",
+        "path": f"{output.rstrip('/')}/{ledger.errors_dir}/",
         "groups": ordered,
     }
 

@@ -76,6 +76,8 @@ class Ledger:
         self._objects_read = 0
         self.lease: Lease | None = None
         """This run's claim on the location: checked before every commit and deletion."""
+        self.errors_dir = ERRORS_DIR
+        """Where the rows a model failed on are, relative to the root (quarantine)."""
 
     @classmethod
     def open(
@@ -384,14 +386,14 @@ class Ledger:
         """Every file of the result, in unit order: what a downstream reader trusts."""
         entries = sorted(self._entries.values(), key=lambda e: (e.get("index", 0), e["unit"]))
         files = [f for e in entries for f in _files(e)]
-        data = [f for f in files if not f["path"].startswith(f"{ERRORS_DIR}/")]
+        data = [f for f in files if not f["path"].startswith(f"{self.errors_dir}/")]
         return {
             "fingerprint": fingerprint,
             "units": len(entries),
             "rows": sum(f["rows"] or 0 for f in data),
             "bytes": sum(f["bytes"] or 0 for f in data),
             "files": data,
-            "errors": [f for f in files if f["path"].startswith(f"{ERRORS_DIR}/")],
+            "errors": [f for f in files if f["path"].startswith(f"{self.errors_dir}/")],
         }
 
     def report(self) -> dict[str, Any] | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Any
 
-import pyarrow.fs as pafs
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -15,13 +15,16 @@ from chute.engines import EngineOptions
 from chute.engines.resources import StageResources
 from chute.errors import ChuteError, JobStateError
 from chute.job import JobSpec, Model, fingerprint_of
-from chute.ledger import META_DIR, SUCCESS, Ledger
-from chute.models import AdapterSpec
-from chute.plan import StagePlan, build_plan
+from chute.ledger import META_DIR, Ledger
+from chute.models import Adapter, AdapterSpec
+from chute.plan import Plan, StagePlan, build_plan
 from chute.preflight import check_job, check_machine
 from chute.report import Report, memory_notes
 from chute.sinks import output_filesystem
+from chute.stages import PreprocessStage
 from chute.storage import StorageOptions, redact
+from chute.tableledger import TableLedger, table_jobs
+from chute.tables import JOBS_DIR, TableSink, open_table
 from chute.terminal import Folded
 
 
@@ -77,6 +80,7 @@ def render_plan(job: JobSpec) -> RenderableType:
         for key, value in _stage_cells(stage, res).items():
             cells.setdefault(key, []).append(value)
         notes += [Text(f"{stage.model.name}: {note}") for note in _notes(stage.model, res, job)]
+        notes += [Text(f"{stage.model.name}: {note}") for note in sample_notes(plan, stage)]
     for key, values in cells.items():
         stages.add_row(key, *values)
     return Group(head, stages, *notes)
@@ -120,6 +124,33 @@ def _notes(model: Model, res: StageResources, job: JobSpec) -> list[str]:
     return notes
 
 
+SAMPLE_ROWS = 256
+"""Rows of the first unit an adapter's plan notes see (an LLM's prompt tokens)."""
+
+
+def sample_notes(plan: Plan, stage: StagePlan) -> list[str]:
+    """What a built-in adapter says from a sample of its input (``Adapter.plan_notes``):
+    the first rows of the first unit, preprocessed as the run would."""
+    spec = stage.model.fn
+    if not isinstance(spec, AdapterSpec):
+        return []
+    cls = spec.load_class(check=False)
+    if cls.plan_notes.__func__ is Adapter.plan_notes.__func__:
+        return []  # reads nothing for an adapter that has nothing to say
+    unit = next((u for u in plan.units if not u.error), None)
+    if unit is None:
+        return []
+    batch = next(iter(plan.reader(unit)), None)
+    if batch is None:
+        return []
+    sample = batch.slice(0, SAMPLE_ROWS)
+    pre = plan.preprocess
+    if pre is not None:
+        sample = PreprocessStage(pre.spec, pre.inputs, pre.protected)(sample)
+    inputs = [c for c in stage.inputs if c in sample.column_names]
+    return cls.plan_notes(spec.options, sample.select(inputs), plan.total_rows)
+
+
 def _source_line(source: object) -> str:
     """``parquet: data/taxi`` or ``memory``: what the input is, briefly."""
     paths = getattr(source, "paths", None)
@@ -140,44 +171,99 @@ def runs(fn: object) -> str:
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
 
 
-def rewrite_report(output: str, storage: StorageOptions | None = None) -> tuple[Report, str]:
-    """The last report of ``output`` (complete or partial), with its HTML rewritten."""
+def output_of(job: JobSpec) -> tuple[str, StorageOptions | None, str | None]:
+    """Where a job's results are, how to reach them, and for a table output, which job
+    folder in it is this job's (the fingerprint's first 16 digits)."""
+    sink = job.output
+    assert sink is not None  # a job file always names its output
+    if not isinstance(sink, TableSink):
+        return sink.path, sink.storage, None
+    return open_table(sink).location, sink.storage, fingerprint_of(job.describe())[:16]
+
+
+def output_ledgers(
+    output: str, storage: StorageOptions | None = None, job: str | None = None
+) -> list[Ledger]:
+    """The ledgers an output location holds, read only: a directory's own, or a table's,
+    one per job, the most recently started first (only ``job``'s, by a fingerprint prefix);
+    none when it holds no chute results."""
     fs, root = output_filesystem(output, storage)
-    ledger = Ledger(fs, root)
-    data = ledger.report()
-    if data is None:
+    if fs.get_file_info(f"{root}/{META_DIR}/job.json").is_file:
+        return [Ledger(fs, root)]
+    jobs = table_jobs(fs, root)
+    if not jobs:
+        return []
+    prefix = (job or "")[:16]
+    chosen = [j for j in jobs if j.job.startswith(prefix)]
+    if not chosen:
         raise JobStateError(
-            f"{output!r} holds no report yet: the run has not committed anything, or it was "
-            "killed before it could write one. `chute status` shows what the ledger holds."
+            f"{redact(output)!r} holds no results of job {prefix!r} (it holds jobs "
+            f"{', '.join(j.job for j in jobs)}). Run the job first, or give one of those."
         )
-    ledger.save_report(data)
-    return Report.from_dict(data), f"{ledger.meta}/report.html"
+    return list(chosen)
 
 
-def render_status(output: str, storage: StorageOptions | None = None) -> RenderableType:
-    fs, root = output_filesystem(output, storage)
-    if fs.get_file_info(f"{root}/{META_DIR}/job.json").type != pafs.FileType.File:
-        raise JobStateError(f"{output!r} holds no chute results (no {META_DIR}/job.json).")
-    ledger = Ledger(fs, root)
+def rewrite_report(
+    output: str, storage: StorageOptions | None = None, job: str | None = None
+) -> tuple[Report, str]:
+    """The last report of ``output`` (complete or partial), with its HTML rewritten; of a
+    table, the report of its most recently started job (or of ``job``)."""
+    ledgers = output_ledgers(output, storage, job)
+    data = ledgers[0].report() if ledgers else None
+    if not ledgers or data is None:
+        raise JobStateError(
+            f"{redact(output)!r} holds no report yet: the run has not committed anything, or "
+            "it was killed before it could write one. `chute status` shows what the ledger "
+            "holds."
+        )
+    ledgers[0].save_report(data)
+    return Report.from_dict(data), f"{ledgers[0].meta}/report.html"
+
+
+def render_status(
+    output: str, storage: StorageOptions | None = None, job: str | None = None
+) -> RenderableType:
+    """What an output location holds; for a table, each of its jobs (or ``job``)."""
+    ledgers = output_ledgers(output, storage, job)
+    if not ledgers:
+        raise JobStateError(
+            f"{redact(output)!r} holds no chute results (neither {META_DIR}/job.json nor a "
+            f"table's {META_DIR}/{JOBS_DIR}/)."
+        )
+    parts = [_job_status(output, ledger) for ledger in ledgers]
+    return Group(*parts)
+
+
+def _job_status(output: str, ledger: Ledger) -> RenderableType:
     owner = ledger.read_json("job.json") or {}
-    entries = ledger.read_entries()
-    report = ledger.report()
-    finished = fs.get_file_info(f"{root}/{SUCCESS}").type == pafs.FileType.File
+    waiting, finished = 0, "yes" if ledger.finished() else "no — run the job again to resume"
+    title = f"chute status: {redact(output)}"
+    if isinstance(ledger, TableLedger):
+        entries, waiting = ledger.committed()
+        title += f" (table), job {ledger.job}"
+        if finished != "yes" and ledger.abandoned():
+            finished = "no — left unfinished: a later run was told --overwrite"
+    else:
+        entries = ledger.read_entries()
     total = owner.get("units_total")
-    table = Table(show_header=False, title=f"chute status: {redact(output)}", title_justify="left")
+    table = Table(show_header=False, title=title, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     table.add_row("job", str(owner.get("fingerprint")))
     table.add_row("units committed", f"{len(entries)}" + (f" of {total}" if total else ""))
     if total:
         table.add_row("units pending", str(total - len(entries)))
+    if waiting:
+        table.add_row("units unresolved", f"{waiting} (staged; the next run asks the table)")
     table.add_row("rows committed", f"{sum(e['rows'] for e in entries.values()):,}")
     failed = sum(e.get("errors", 0) for e in entries.values())
-    table.add_row("rows failed", f"{failed:,}" + (" (in _errors/)" if failed else ""))
+    errors = "errors/ of the job's folder" if isinstance(ledger, TableLedger) else "_errors/"
+    table.add_row("rows failed", f"{failed:,}" + (f" (in {errors})" if failed else ""))
     skipped = [e["unit"] for e in entries.values() if e.get("skipped")]
     table.add_row("inputs skipped", ", ".join(skipped) if skipped else "0")
-    table.add_row("finished", "yes" if finished else "no — run the job again to resume")
+    table.add_row("finished", finished)
     parts: list[RenderableType] = [table]
+    report = ledger.report()
     if report:
         parts.append(
             Text(
@@ -186,4 +272,18 @@ def render_status(output: str, storage: StorageOptions | None = None) -> Rendera
             )
         )
         parts += [Text(f"model {name}: {note}") for name, note in memory_notes(report)]
+        parts += _table_lines(report.get("table"))
     return Group(*parts)
+
+
+def _table_lines(table: dict[str, Any] | None) -> list[RenderableType]:
+    """What the last report says about the table: its commits, version, vector index."""
+    if not table:
+        return []
+    version = table.get("snapshot") or table.get("version")
+    line = f"{table.get('format')} table: the last run made {table.get('commits', 0)} commit(s)"
+    line += f", ending at {'snapshot' if 'snapshot' in table else 'version'} {version}"
+    index = table.get("index")
+    if index:
+        line += f"; {index.get('type')} index on {index.get('column')} ({index.get('metric')})"
+    return [Text(line)]

@@ -29,7 +29,6 @@ files; compaction may have rewritten them).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from collections.abc import Iterable
@@ -54,6 +53,7 @@ from chute.tables import (
     TableSink,
     check_schema,
     commit_meta,
+    job_folder,
     schema_from,
 )
 
@@ -95,8 +95,9 @@ class TableLedger(Ledger):
         fs, root = output_filesystem(sink.path, sink.storage)
         ledger = cls(fs, root)
         ledger.sink, ledger.table, ledger.job = sink, table, fingerprint[:16]
-        ledger.meta = f"{root}/{META_DIR}/{JOBS_DIR}/{ledger.job}"
+        ledger.meta = f"{root}/{job_folder(ledger.job)}"
         ledger.batch_seconds = sink.commit_seconds
+        ledger.errors_dir = sink.errors_dir
         ledger.lease = lease
         ledger._schema = table.schema()
         ledger._refuse_redo(overwrite)
@@ -297,6 +298,27 @@ class TableLedger(Ledger):
         self._entries = {}
         self._remove_orphans(self._files())
 
+    def finished(self) -> bool:
+        """Whether this job's success marker (in its folder) is there."""
+        return self._exists(SUCCESS)
+
+    def abandoned(self) -> bool:
+        """Whether a later run was told (``--overwrite``) to leave this job unfinished."""
+        return self._exists(ABANDONED)
+
+    def committed(self) -> tuple[dict[str, dict[str, Any]], int]:
+        """Read-only (``chute status``): the units whose batch is confirmed, and how many
+        wait in a batch a killed run left staged (the next run asks the table for it)."""
+        entries = self.read_entries()
+        staged = [u for u, e in entries.items() if self._staged(e)]
+        for unit in staged:
+            del entries[unit]
+        return entries, len(staged)
+
+    def _exists(self, name: str) -> bool:
+        path = f"{self.meta}/{name}"
+        return bool(retrying(lambda: self.fs.get_file_info(path), f"reading {name}").is_file)
+
     def unfinish(self) -> None:
         retrying(lambda: self._delete(f"{self.meta}/{SUCCESS}"), f"removing {SUCCESS}")
 
@@ -325,10 +347,18 @@ class TableLedger(Ledger):
         retrying(lambda: put(self.fs, path, data), f"writing {path}")
 
 
-def job_folders(fs: pafs.FileSystem, root: str) -> list[str]:
-    """The job folders of a table's location, newest first (``chute status``)."""
-    selector = pafs.FileSelector(f"{root}/{META_DIR}/{JOBS_DIR}", allow_not_found=True)
-    infos = [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
-    with contextlib.suppress(TypeError):
-        infos.sort(key=lambda i: i.mtime, reverse=True)
-    return [i.path for i in infos]
+def table_jobs(fs: pafs.FileSystem, root: str) -> list[TableLedger]:
+    """The ledgers of the jobs a table's location holds (``chute status``, ``chute report``),
+    the most recently started first; each is read, never claimed or written."""
+    jobs = f"{root}/{META_DIR}/{JOBS_DIR}"
+    selector = pafs.FileSelector(jobs, recursive=False, allow_not_found=True)
+    started: list[tuple[float, TableLedger]] = []
+    for info in fs.get_file_info(selector):
+        owner = fs.get_file_info(f"{info.path}/job.json")
+        if owner.is_file:  # a folder (or, on S3, a prefix) with a job in it
+            ledger = TableLedger(fs, root)
+            ledger.meta, ledger.job = info.path, info.base_name
+            ledger.errors_dir = f"{job_folder(info.base_name)}/errors"
+            started.append((owner.mtime.timestamp() if owner.mtime else 0.0, ledger))
+    started.sort(key=lambda pair: pair[0], reverse=True)
+    return [ledger for _, ledger in started]

@@ -198,7 +198,8 @@ def _history(ledger: Ledger, run: Run, report: Report) -> None:
     report.runs = [*history.earlier_runs(run.previous), history.record(report)]
     report.totals = history.totals(ledger.entries.values(), len(run.plan.units))
     report.failures = history.failures(ledger, report.output or "")
-    report.html = f"{report.output}/_chute/report.html" if report.output else ""
+    folder = ledger.meta.removeprefix(f"{ledger.root}/")  # _chute, or a table's job folder
+    report.html = f"{report.output}/{folder}/report.html" if report.output else ""
 
 
 def _save(ledger: Ledger, run: Run, report: Report) -> None:

@@ -166,11 +166,16 @@ def open_table(sink: TableSink) -> Table:
     return table
 
 
+def job_folder(job: str) -> str:
+    """A job's folder in a table's location: its ledger, report and ``errors/``."""
+    return f"{META_DIR}/{JOBS_DIR}/{job}"
+
+
 def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table]:
     """``sink`` with its location and this job's data folder filled in, and its table."""
     table = open_table(sink)
     folder = DATA_DIR if sink.format == "lance" else f"{DATA_DIR}/chute-{job}"
-    errors = f"{META_DIR}/{JOBS_DIR}/{job}/errors"
+    errors = f"{job_folder(job)}/errors"
     resolved = replace(sink, path=table.location.rstrip("/"), job_dir=folder, errors_dir=errors)
     return resolved, table
 
