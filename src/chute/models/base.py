@@ -93,6 +93,15 @@ class Adapter:
         return {}
 
     @classmethod
+    def plan_notes(
+        cls, options: Mapping[str, Any], sample: pa.Table, rows: int | None
+    ) -> list[str]:
+        """What ``chute plan`` can say from a sample of the model's input rows (``rows``: the
+        input's rows in all, when known), without loading the model: an LLM's prompt
+        tokens, for one. Default: nothing."""
+        return []
+
+    @classmethod
     def check(cls, options: Mapping[str, Any]) -> None:
         """Refuse bad options before anything runs (planning, ``chute validate``). By default:
         a ``path`` that is a pickle, unless ``trust_pickle: true`` (see :mod:`.pickles`)."""

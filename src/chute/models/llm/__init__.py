@@ -129,6 +129,16 @@ class VLLMAdapter(Adapter):
             raise ConfigError(f"model type 'vllm': seed must be an integer, got {seed!r}.")
 
     @classmethod
+    def plan_notes(
+        cls, options: Mapping[str, Any], sample: pa.Table, rows: int | None
+    ) -> list[str]:
+        """The prompt tokens of a sample of rows, scaled to the input (tokenizer only)."""
+        from chute.models.llm.estimate import prompt_token_notes
+
+        window = options.get("max_model_len")
+        return prompt_token_notes(options, sample, rows, int(window) if window else None)
+
+    @classmethod
     def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
         """``texts``, ``logprobs``, ``embedding`` and a JSON ``value`` hold lists or structs."""
         names = ["texts", "logprobs", "embedding"]

@@ -47,6 +47,16 @@ def load_llm(path: str, options: Mapping[str, Any], context: ReplicaContext, tas
     return LLM(model=path, **settings)
 
 
+def prompt_ids(tokenizer: Any, request: Request) -> list[int]:
+    """A request's prompt as token ids: a chat rendered with the chat template first."""
+    if request.messages is not None:
+        text = tokenizer.apply_chat_template(
+            request.messages, tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(request.prompt or ""))
+
+
 class PromptTooLong(ValueError):
     """A prompt that leaves no room for a reply in the model's window."""
 
@@ -62,13 +72,7 @@ class Engine:
 
     def tokens(self, request: Request) -> list[int]:
         """The prompt's token ids (a chat rendered with the chat template first)."""
-        if request.messages is not None:
-            text = self.tokenizer.apply_chat_template(
-                request.messages, tokenize=False, add_generation_prompt=True
-            )
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            ids = self.tokenizer.encode(request.prompt or "")
+        ids = prompt_ids(self.tokenizer, request)
         if len(ids) >= self.window:
             raise PromptTooLong(
                 f"the prompt has {len(ids)} tokens; the model's window (max_model_len) is "
