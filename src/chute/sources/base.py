@@ -72,6 +72,9 @@ class Unit:
     error: str = ""
     """Why the unit cannot be read, where planning found out (a Parquet footer): the job
     fails naming it, or skips it (``on_bad_input``)."""
+    size: int | None = None
+    """The file's size in bytes when it was listed: a remote read asks for its byte ranges
+    without a request for the size (the unit carries it, not the listing)."""
 
 
 class Source(Protocol):

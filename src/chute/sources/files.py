@@ -153,11 +153,13 @@ class FileSource:
         """Files found unreadable while planning, and why."""
 
     def __getstate__(self) -> dict[str, Any]:
+        """Without the listing: a read task gets its file and size from its unit, so that
+        what each of a million read tasks carries does not grow with the number of files."""
         return {
             "paths": self.paths,
             "format": self.format,
-            "_files": self._files,
-            "_stamps": getattr(self, "_stamps", {}),
+            "_files": None,
+            "_stamps": {},
             "storage": self.storage,
         }
 
@@ -249,7 +251,14 @@ class FileSource:
         files = self.files()
         if self.format != "parquet":
             return [
-                Unit(i, self._unit_id(f), None, None, path=f, error=self._bad.get(f, ""))
+                Unit(
+                    i,
+                    self._unit_id(f),
+                    None,
+                    path=f,
+                    error=self._bad.get(f, ""),
+                    size=self._size(f),
+                )
                 for i, f in enumerate(files)
             ]
         with ThreadPoolExecutor(max_workers=16) as pool:
@@ -277,6 +286,7 @@ class FileSource:
         units: list[Unit] = []
         group: list[int] = []
         rows = nbytes = 0
+        size = self._size(path)
         for rg in range(meta.num_row_groups):
             group.append(rg)
             rows += meta.row_group(rg).num_rows
@@ -284,11 +294,16 @@ class FileSource:
             if rows >= UNIT_TARGET_ROWS or rg == meta.num_row_groups - 1:
                 whole = len(group) == meta.num_row_groups
                 uid = self._unit_id(path) + ("" if whole else f"#rg{group[0]}-{group[-1]}")
-                units.append(Unit(start + len(units), uid, rows, nbytes, path, tuple(group)))
+                units.append(
+                    Unit(start + len(units), uid, rows, nbytes, path, tuple(group), size=size)
+                )
                 group, rows, nbytes = [], 0, 0
         if meta.num_row_groups == 0:
-            units.append(Unit(start, self._unit_id(path), 0, 0, path, ()))
+            units.append(Unit(start, self._unit_id(path), 0, 0, path, (), size=size))
         return units
+
+    def _size(self, path: str) -> int | None:
+        return self._stamps.get(path, (None, None))[0]
 
     def _unit_id(self, path: str) -> str:
         return path
@@ -306,7 +321,7 @@ class FileSource:
 
     def _read_unit(self, path: str, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
         if self.format == "parquet":
-            size = self._stamps.get(path, (None, None))[0]
+            size = unit.size if unit.size is not None else self._size(path)
             groups = list(unit.row_groups or ())
             cols = list(columns) if columns is not None else None
             if size is not None and not is_local(self.filesystem):  # no HEAD per object

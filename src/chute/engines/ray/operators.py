@@ -4,7 +4,7 @@ prepare steps as task functions, and the model actor that predicts and, last, wr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,8 +37,7 @@ class UnitDatasource:
             def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
                 return [
                     ReadTask(
-                        _read_fn(reader, unit),
-                        BlockMetadata(unit.rows, unit.nbytes, None, None),
+                        ReadUnit(reader, unit), BlockMetadata(unit.rows, unit.nbytes, None, None)
                     )
                     for unit in units
                 ]
@@ -46,14 +45,25 @@ class UnitDatasource:
         return _Units()
 
 
-def _read_fn(reader: Reader, unit: Unit) -> Callable[[], Iterator[pa.Table]]:
-    def read() -> Iterator[pa.Table]:
+class ReadUnit:
+    """One read task's function: the reader and its own unit, nothing else.
+
+    Ray puts every read task in the object store from the driver, so what one carries is
+    paid once per unit: a class pickled by reference and a source pickled without its
+    listing keep it about a kilobyte at any number of units (a closure holding the listing
+    made it grow with the units, and the driver's work with their square).
+    """
+
+    __name__ = "read_unit"  # Ray Data names the read function in its size warning
+
+    def __init__(self, reader: Reader, unit: Unit) -> None:
+        self.reader, self.unit = reader, unit
+
+    def __call__(self) -> Iterator[pa.Table]:
         began = time.perf_counter()
-        for batch in reader(unit):
+        for batch in self.reader(self.unit):
             yield carried.carry(batch, "read", time.perf_counter() - began)
             began = time.perf_counter()
-
-    return read
 
 
 class PreprocessTask:
