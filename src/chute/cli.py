@@ -289,6 +289,12 @@ def demo(directory: str, rows: int | None, engine: str, verbose: bool) -> None:
 @click.option("--dtype", help="Weights' dtype for vLLM (auto, bfloat16, float16, ...).")
 @click.option("--enforce-eager", is_flag=True, default=None, help="No CUDA graphs.")
 @click.option("--served-model-name", help="The `model` the answers name.")
+@click.option(
+    "--task",
+    type=click.Choice(["generate", "embed"]),
+    help="generate (chat and completions) or embed (/v1/embeddings, vLLM's pooling runner); "
+    "default: embed when every request is /v1/embeddings.",
+)
 @click.option("--requests-per-unit", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), help="Requests per engine call.")
 @click.option("--engine", default="auto", help="Engine to use.")

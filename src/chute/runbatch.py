@@ -6,6 +6,9 @@ but a job like any other: the requests are the rows of an ``openai-batch`` sourc
 unit in chute's ledger. Kill it and run it again: the committed units are kept, the
 others redone, and every request is answered exactly once.
 
+A file whose every request is ``/v1/embeddings`` is served by the model's pooling
+runner (``task: embed``), as ``vllm run-batch`` does; ``--task`` says so explicitly.
+
 ``-o`` naming a directory gives the parts themselves (``part-*.jsonl``, in input order by
 name). ``-o`` naming a file: the parts go to ``<file>.chute/`` (the job's resumable state)
 and, once every request is answered, the file is assembled from them in input order and
@@ -25,6 +28,7 @@ from chute.api import Job
 from chute.errors import JobStateError
 from chute.job import BatchSize, Model, Sink
 from chute.models import adapter
+from chute.models.llm.requests import EMBEDDINGS
 from chute.report import Report
 from chute.sources.openai_batch import REQUESTS_PER_UNIT, OpenAIBatchSource
 from chute.storage import put, resolve
@@ -64,7 +68,11 @@ class BatchRun:
     def job(self) -> Job:
         """The batch as a chute job."""
         source = OpenAIBatchSource(self.input, unit_rows=self.requests_per_unit)
-        spec: Any = adapter("vllm", path=self.model, **self.options)
+        options = dict(self.options)
+        urls = set(source.table.column("url").to_pylist())
+        if "task" not in options and urls == {EMBEDDINGS}:
+            options["task"] = "embed"  # as vllm run-batch: a file of embeddings requests
+        spec: Any = adapter("vllm", path=self.model, **options)
         model = Model(MODEL, spec, inputs=("custom_id", "url", "body"))
         if self.batch_size is not None:
             model = replace(model, batch_size=BatchSize(rows=self.batch_size))

@@ -7,7 +7,9 @@ generated strings, gives it a chat template, and saves it next to a random
 CPU attention refuses head dims below 32). The weights are random, so the text it writes
 is noise — but it is the same noise for the same seed, which is all a test needs.
 
-The tests and the benchmarks import it; ``python tests/llm/tinymodel.py DIR`` writes one.
+:func:`build_pooling` makes the pooling kinds the same way (an embedding ``LlamaModel``, a
+``LlamaForSequenceClassification``). The tests and the benchmarks import it;
+``python tests/llm/tinymodel.py DIR`` writes the generating one.
 """
 
 from __future__ import annotations
@@ -104,6 +106,44 @@ def build_llm(
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def build_pooling(
+    directory: str | Path, kind: str = "embed", labels: int = 3, hidden: int = 128, seed: int = 0
+) -> Path:
+    """A tiny random model of the kind vLLM's pooling runner serves, with the tokenizer:
+    ``embed``, a ``LlamaModel`` (no head: vLLM pools its last hidden state, and scores a
+    pair by the cosine of their embeddings); ``classify``, a
+    ``LlamaForSequenceClassification`` with ``labels`` classes named ``label0``, ... (one
+    class: a cross-encoder, which vLLM also scores pairs with)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification, LlamaModel
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(directory)
+    names = {i: f"label{i}" for i in range(labels)}
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=hidden // 2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="bfloat16",
+        num_labels=labels,
+        id2label=names,
+        label2id={v: k for k, v in names.items()},
+    )
+    torch.manual_seed(seed)
+    model = LlamaModel(config) if kind == "embed" else LlamaForSequenceClassification(config)
+    model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
     return directory
 
 

@@ -38,8 +38,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, did_you_mean
-from chute.models.base import Adapter, ReplicaContext
+from chute.errors import ConfigError, ModelError, did_you_mean
+from chute.models.base import ROW, Adapter, ReplicaContext
 from chute.models.common import rename, renamed
 from chute.models.llm.engine import Engine, columns, load_llm
 from chute.models.llm.requests import CHAT, EMBEDDINGS, Request, requests_of
@@ -47,7 +47,7 @@ from chute.models.llm.responses import BAD_REQUEST, Outcome, counters
 from chute.models.llm.sampling import ENGINE, known_sampling, sampling_options
 from chute.models.llm.structured import structured
 
-TASKS = ("generate", "embed")
+TASKS = ("generate", "embed", "classify", "score")
 OWN = (
     "path",
     "outputs",
@@ -141,15 +141,19 @@ class VLLMAdapter(Adapter):
     @classmethod
     def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
         """``texts``, ``logprobs``, ``embedding`` and a JSON ``value`` hold lists or structs."""
-        names = ["texts", "logprobs", "embedding"]
+        names = ["texts", "logprobs", "embedding", "probs"]
         if isinstance(options.get("structured"), Mapping) and "json" in options["structured"]:
             names.append("value")
         return renamed(names, options)
 
     def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
+        if self.task == "score":
+            return rename(self._score(batch), self.renames)
         requests = requests_of(batch, self.chat, self.system, self.id_column)
         if self.task == "embed":
             return rename(self._embed(requests), self.renames)
+        if self.task == "classify":
+            return rename(self._classify(requests), self.renames)
         for request in requests:
             if request.endpoint == EMBEDDINGS and request.error is None:
                 request.error = (
@@ -176,6 +180,42 @@ class VLLMAdapter(Adapter):
             out.pop(name)
         out["embedding"] = pa.array([o.embedding for o in outcomes], pa.list_(pa.float32()))
         return out
+
+    def _classify(self, requests: list[Request]) -> dict[str, pa.Array]:
+        for request in requests:
+            if request.custom_id is not None and request.error is None:
+                request.error = "task classify takes a prompt column, not OpenAI Batch requests"
+        outcomes = self.engine.classify(requests)
+        self._count(outcomes)
+        names = self.engine.labels()
+        labels = [None if o.embedding is None else _label(o.embedding, names) for o in outcomes]
+        return {
+            "label": pa.array(labels, pa.string()),
+            "probs": pa.array([o.embedding for o in outcomes], pa.list_(pa.float32())),
+            "prompt_tokens": pa.array([o.prompt_tokens for o in outcomes], pa.int64()),
+            "error": pa.array([o.error for o in outcomes], pa.string()),
+        }
+
+    def _score(self, batch: pa.Table) -> dict[str, pa.Array]:
+        names = [n for n in batch.column_names if n not in (ROW, self.id_column)]
+        if len(names) != 2 or not all(pa.types.is_string(batch.column(n).type) for n in names):
+            raise ModelError(
+                f"task score takes two string columns (a query and a document per row), got "
+                f"{names}: set `inputs: [<query column>, <document column>]`."
+            )
+        queries, documents = (batch.column(n).to_pylist() for n in names)
+        outcomes = self.engine.score(list(zip(queries, documents, strict=True)))
+        self._count(outcomes)
+        return {
+            "score": pa.array([o.value for o in outcomes], pa.float64()),
+            "prompt_tokens": pa.array([o.prompt_tokens for o in outcomes], pa.int64()),
+            "error": pa.array([o.error for o in outcomes], pa.string()),
+        }
+
+
+def _label(probs: list[float], names: list[str] | None) -> str:
+    best = max(range(len(probs)), key=probs.__getitem__)
+    return names[best] if names is not None and best < len(names) else str(best)
 
 
 __all__ = ["BAD_REQUEST", "Outcome", "VLLMAdapter"]

@@ -146,6 +146,52 @@ class Engine:
             outcomes[i].embedding = [float(x) for x in result.outputs.embedding]
         return outcomes
 
+    def classify(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Class probabilities of each prompt (a sequence-classification model)."""
+        outcomes = [Outcome(created=int(time.time())) for _ in requests]
+        prompts = self.prompts(requests, outcomes)
+        live = [i for i, o in enumerate(outcomes) if o.error is None]
+        results = self.llm.classify(prompts, use_tqdm=False) if prompts else []
+        for i, result in zip(live, results, strict=True):
+            outcomes[i].embedding = [float(x) for x in result.outputs.probs]
+        return outcomes
+
+    def score(self, pairs: Sequence[tuple[str | None, str | None]]) -> list[Outcome]:
+        """The score of each (query, document) pair: a cross-encoder's output, or the cosine
+        similarity of an embedding model's two embeddings (vLLM decides by the model)."""
+        outcomes = [Outcome(created=int(time.time())) for _ in pairs]
+        live = []
+        for i, (query, document) in enumerate(pairs):
+            if query is None or document is None:
+                outcomes[i].fail("score needs both texts of the pair", BAD_REQUEST, "bad_request")
+                continue
+            count = len(self.tokenizer.encode(query)) + len(self.tokenizer.encode(document))
+            if count >= self.window:
+                outcomes[i].fail(
+                    f"the pair has {count} tokens; the model's window (max_model_len) is "
+                    f"{self.window}: shorten the texts or raise max_model_len",
+                    BAD_REQUEST,
+                    "prompt_too_long",
+                )
+                continue
+            outcomes[i].prompt_tokens = count
+            live.append(i)
+        if live:
+            queries = [str(pairs[i][0]) for i in live]
+            documents = [str(pairs[i][1]) for i in live]
+            results = self.llm.score(queries, documents, use_tqdm=False)
+            for i, result in zip(live, results, strict=True):
+                outcomes[i].value = float(result.outputs.score)
+        return outcomes
+
+    def labels(self) -> list[str] | None:
+        """A classifier's label names by class index (its config's ``id2label``)."""
+        config = self.llm.llm_engine.model_config.hf_config
+        names = getattr(config, "id2label", None)
+        if not names:
+            return None
+        return [str(names.get(i, names.get(str(i), i))) for i in range(len(names))]
+
 
 def _fill(outcome: Outcome, result: Any, structure: Structured | None) -> None:
     """What one ``RequestOutput`` says, parsed into the structure when one was asked for."""
