@@ -10,10 +10,12 @@ import pytest
 from chute import Model, Pool, ResourceError, Resources
 from chute.engines.resources import (
     Cluster,
+    Node,
     StageResources,
     gpu_slots,
     local_replicas,
     plan_resources,
+    read_cpus,
 )
 
 GiB = 2**30
@@ -72,7 +74,7 @@ def test_one_default_model_gets_one_whole_cpu() -> None:
 def test_scaled_stages_say_so() -> None:
     plan = plan_resources(_models({}, {}), Cluster(cpus=2))
     assert [s.cpus for s in plan] == [0.5, 0.5]
-    assert all("so that reads keep a CPU" in s.note for s in plan)
+    assert all("so that reads keep 1 CPU" in s.note for s in plan)
 
 
 def test_big_cluster_gives_default_pools_a_share_each() -> None:
@@ -249,3 +251,62 @@ def test_a_replica_context_names_its_device() -> None:
     assert ReplicaContext("m").device == "cpu"
     assert ReplicaContext("m", Resources(gpus=0.5)).device == "cuda"  # on Ray: the one it sees
     assert ReplicaContext("m", Resources(gpus=1), gpu=1).device == "cuda:1"
+
+
+# -- cluster shapes (issue 18): reads always get CPU, or the plan says why not --------------
+
+
+def _nodes(*shapes: tuple[float, float]) -> Cluster:
+    nodes = tuple(Node(f"127.0.0.{i + 2}", c, g) for i, (c, g) in enumerate(shapes))
+    return Cluster(sum(n.cpus for n in nodes), sum(n.gpus for n in nodes), nodes=nodes)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "reads"),
+    [
+        pytest.param(_nodes((1, 0)), 0.5, id="one-1-cpu-node"),
+        pytest.param(_nodes((0, 0), (1, 0)), 0.5, id="0-cpu-head-1-cpu-worker"),
+        pytest.param(_nodes((0, 0), (2, 0)), 1.0, id="0-cpu-head-2-cpu-worker"),
+        pytest.param(_nodes((1, 0), (4, 0), (2, 0)), 1.0, id="nodes-of-different-sizes"),
+        pytest.param(Cluster(cpus=1.5), 0.75, id="one-and-a-half-cpus"),
+    ],
+)
+def test_a_read_task_and_the_pools_fit_every_shape(cluster: Cluster, reads: float) -> None:
+    plan = plan_resources(_models({}), cluster)
+    assert read_cpus(cluster) == reads
+    assert _actor_cpus(plan) + reads <= cluster.cpus + 1e-9  # was 0.5 + 1 on one 1-CPU node
+    largest = max((n.cpus for n in cluster.nodes), default=cluster.cpus)
+    assert all(s.cpus <= largest for s in plan)  # every replica fits on one node
+
+
+def test_a_cluster_without_cpus_is_refused_saying_so() -> None:
+    with pytest.raises(ResourceError) as info:
+        plan_resources(_models({}), _nodes((0, 0)))
+    text = str(info.value)
+    assert "the Ray cluster has no CPUs (0 CPUs, 0 GPUs on 1 node (127.0.0.2: 0 CPU))" in text
+    assert "Add a node with CPUs" in text
+    assert "Lower the pool sizes" not in text  # which cannot help there
+
+
+def test_a_gpu_only_worker_takes_replicas_with_no_cpu() -> None:
+    (stage,) = plan_resources(_models({"resources": Resources(gpus=1)}), _nodes((2, 0), (0, 1)))
+    assert (stage.cpus, stage.gpus, stage.max) == (0.0, 1.0, 1)
+    assert "cpus lowered to 0: no node with its GPUs has more" in stage.note
+
+
+def test_cpus_given_that_no_node_holds_are_refused_naming_the_nodes() -> None:
+    models = _models({"resources": Resources(cpus=1, gpus=1)})
+    with pytest.raises(ResourceError) as info:
+        plan_resources(models, _nodes((2, 0), (0, 1)))
+    text = " ".join(str(info.value).split())
+    assert "model 'm0' asks for 1 CPU and 1 GPU per replica, but no node" in text
+    assert "(127.0.0.2: 2 CPU; 127.0.0.3: 0 CPU, 1 GPU)" in text
+    assert "Lower cpus to 0 or less, or add a node with 1 CPU and 1 GPU." in text
+
+
+def test_cluster_nodes_from_ray() -> None:
+    alive = {"Alive": True, "NodeManagerAddress": "127.0.0.3", "Resources": {"CPU": 2.0}}
+    dead = {"Alive": False, "NodeManagerAddress": "127.0.0.4", "Resources": {"CPU": 1.0}}
+    cluster = Cluster.from_ray({"CPU": 2.0}, [alive, dead])
+    assert cluster.nodes == (Node("127.0.0.3", 2.0),)
+    assert cluster.describe() == "2 CPUs, 0 GPUs on 1 node (127.0.0.3: 2 CPU)"

@@ -6,10 +6,19 @@ whole job. If the actor pools take every CPU, reads starve and the job hangs (Ra
 into what is left:
 
 * ``reserve`` = 1 CPU (half the cluster when it has fewer than 2);
+* a read task asks for at most the reserve (:func:`read_cpus`): half a CPU on a 1-CPU
+  cluster, where a whole one beside a model actor would never be free;
 * a pool with no ``max`` gets an equal share of the rest;
 * when pools would not fit, stages whose CPUs were not given are scaled to fractional
   CPUs (a scheduling token in Ray: the model still uses its threads); stages whose CPUs
-  were given explicitly and still do not fit are refused with a ResourceError.
+  were given explicitly and still do not fit are refused with a ResourceError;
+* a replica must fit on one node (its CPUs and GPUs together): where none has room, CPUs
+  that were not given are lowered to the largest such node's, else the job is refused
+  naming the nodes; a cluster without CPUs is refused before anything runs.
+
+The plan is made against the cluster as it is when a run starts; a cluster that loses
+nodes mid-run is watched by :mod:`chute.engines.ray.watchdog`, and the next run plans
+against what is left.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import math
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,25 +38,76 @@ DEFAULT_ACTOR_CPUS = 1.0
 
 
 @dataclass(frozen=True)
+class Node:
+    """One alive node of the cluster."""
+
+    address: str
+    cpus: float
+    gpus: float = 0.0
+
+    @classmethod
+    def from_ray(cls, node: dict[str, Any]) -> Node:
+        """From an entry of ``ray.nodes()``."""
+        resources = node.get("Resources", {})
+        return cls(
+            str(node.get("NodeManagerAddress", "?")),
+            float(resources.get("CPU", 0.0)),
+            float(resources.get("GPU", 0.0)),
+        )
+
+    def __str__(self) -> str:
+        gpus = f", {self.gpus:g} GPU" if self.gpus else ""
+        return f"{self.address}: {self.cpus:g} CPU{gpus}"
+
+
+@dataclass(frozen=True)
 class Cluster:
-    """What the cluster offers."""
+    """What the cluster offers; ``nodes`` where known (an empty tuple: one pool of CPUs)."""
 
     cpus: float
     gpus: float = 0.0
     memory: float | None = None
+    nodes: tuple[Node, ...] = ()
 
     @classmethod
-    def from_ray(cls, resources: dict[str, Any]) -> Cluster:
+    def from_ray(cls, resources: dict[str, Any], nodes: Sequence[dict[str, Any]] = ()) -> Cluster:
+        """From ``ray.cluster_resources()`` and ``ray.nodes()`` (the alive ones are kept)."""
         return cls(
             cpus=float(resources.get("CPU", 0.0)),
             gpus=float(resources.get("GPU", 0.0)),
             memory=resources.get("memory"),
+            nodes=tuple(Node.from_ray(n) for n in nodes if n.get("Alive", n.get("alive"))),
         )
 
     @property
     def reserve(self) -> float:
         """CPUs kept for read and preprocess tasks."""
         return 1.0 if self.cpus >= 2 else self.cpus / 2
+
+    def describe(self) -> str:
+        """``2 CPUs, 0 GPUs on 2 nodes (127.0.0.2: 0 CPU; 127.0.0.3: 2 CPU)``."""
+        text = f"{self.cpus:g} CPUs, {self.gpus:g} GPUs"
+        if not self.nodes:
+            return text
+        count = f"{len(self.nodes)} node{'s' if len(self.nodes) != 1 else ''}"
+        return f"{text} on {count} ({'; '.join(str(n) for n in self.nodes)})"
+
+
+def read_cpus(cluster: Cluster) -> float:
+    """CPUs each read (and fused preprocess) task asks for: one, or the reserve where that
+    is less (a 1-CPU cluster), never more than the largest node has (a task runs on one)."""
+    largest = max((n.cpus for n in cluster.nodes), default=cluster.cpus)
+    return _floor4(min(1.0, cluster.reserve, largest))
+
+
+def check_cluster(cluster: Cluster) -> None:
+    """A cluster no job can run on: refused before anything runs, saying why."""
+    if cluster.cpus <= 0:
+        raise ResourceError(
+            f"the Ray cluster has no CPUs ({cluster.describe()}): read tasks and model "
+            "actors need some. Add a node with CPUs (ray start --address <head> "
+            "--num-cpus N), or start the head with --num-cpus."
+        )
 
 
 @dataclass(frozen=True)
@@ -64,17 +125,19 @@ class StageResources:
 
 def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources]:
     """Fit every model's actor pool into the cluster, keeping the task reserve free."""
+    check_cluster(cluster)
     _check_gpus(models, cluster)
     _check_memory(models, cluster)
     budget = cluster.cpus - cluster.reserve
-    cpus = [m.resources.cpus or DEFAULT_ACTOR_CPUS for m in models]
+    cpus = [_fit_node(m, m.resources.cpus or DEFAULT_ACTOR_CPUS, cluster) for m in models]
     sizes = [
         _max_size(m, c, budget / len(models), cluster) for m, c in zip(models, cpus, strict=True)
     ]
     needed = sum(c * n for c, n in zip(cpus, sizes, strict=True))
-    notes = [""] * len(models)
+    notes = [_lowered(m, c) for m, c in zip(models, cpus, strict=True)]
     if needed > budget + 1e-9:
-        cpus, notes = _scale(models, cpus, sizes, budget)
+        cpus, scaled = _scale(models, cpus, sizes, budget, cluster.reserve)
+        notes = [s or n for s, n in zip(scaled, notes, strict=True)]
     return [
         StageResources(
             m.name, round(c, 4), m.resources.gpus, m.resources.memory, m.pool.min, n, note
@@ -83,9 +146,36 @@ def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources
     ]
 
 
+def _fit_node(model: Model, cpus: float, cluster: Cluster) -> float:
+    """A replica's CPUs, lowered to what the largest node with its GPUs has when they were
+    not given (a GPU-only worker: 0); refused, naming the nodes, when they were."""
+    gpus = model.resources.gpus
+    hosts = [n for n in cluster.nodes if n.gpus >= gpus - 1e-9]
+    room = max((n.cpus for n in hosts), default=0.0)
+    if not cluster.nodes or cpus <= room + 1e-9:
+        return cpus
+    if model.resources.cpus is None and hosts:
+        return _floor4(room)
+    needs = f"{cpus:g} CPU" + (f" and {gpus:g} GPU" if gpus else "")
+    fix = f"Lower cpus to {room:g} or less, or add" if hosts else "Add"
+    raise ResourceError(
+        f"model {model.name!r} asks for {needs} per replica, but no node of the cluster "
+        f"has that ({'; '.join(str(n) for n in cluster.nodes)}): a replica runs on one node. "
+        f"{fix} a node with {needs}."
+    )
+
+
+def _lowered(model: Model, cpus: float) -> str:
+    if model.resources.cpus is None and cpus < DEFAULT_ACTOR_CPUS:
+        return f"cpus lowered to {cpus:g}: no node with its GPUs has more"
+    return ""
+
+
 def _max_size(model: Model, cpus: float, share: float, cluster: Cluster) -> int:
     if model.pool.max is not None:
         size = model.pool.max
+    elif cpus <= 0:  # a GPU-only node's replica: its GPUs bound the pool
+        size = model.pool.min if model.resources.gpus <= 0 else 1_000_000
     else:
         size = max(model.pool.min, math.floor(share / cpus + 1e-9))
     if model.resources.gpus > 0:
@@ -94,7 +184,7 @@ def _max_size(model: Model, cpus: float, share: float, cluster: Cluster) -> int:
 
 
 def _scale(
-    models: list[Model], cpus: list[float], sizes: list[int], budget: float
+    models: list[Model], cpus: list[float], sizes: list[int], budget: float, reserve: float
 ) -> tuple[list[float], list[str]]:
     fixed = sum(
         c * n for m, c, n in zip(models, cpus, sizes, strict=True) if m.resources.cpus is not None
@@ -114,8 +204,9 @@ def _scale(
         c if m.resources.cpus is not None else _floor4(c * factor)
         for m, c in zip(models, cpus, strict=True)
     ]
+    keep = f"so that reads keep {reserve:g} CPU"
     notes = [
-        "" if m.resources.cpus is not None else f"cpus scaled to {c:.3g} so that reads keep a CPU"
+        "" if m.resources.cpus is not None else f"cpus scaled to {c:.3g} {keep}"
         for m, c in zip(models, scaled, strict=True)
     ]
     return scaled, notes

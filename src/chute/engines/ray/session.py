@@ -141,6 +141,7 @@ def _quiet_stderr(quiet: bool) -> Iterator[None]:
 
 
 def cluster() -> Cluster:
+    """What the connected cluster has now: its totals and each alive node."""
     import ray
 
-    return Cluster.from_ray(ray.cluster_resources())
+    return Cluster.from_ray(ray.cluster_resources(), ray.nodes())
