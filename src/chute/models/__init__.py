@@ -90,6 +90,7 @@ register(
     "sentence-transformers",
 )
 register("vllm", "chute.models.llm:VLLMAdapter", "vllm", "vllm")
+register("openai", "chute.models.llm.server:OpenAIAdapter", "httpx", "openai")
 register("sklearn", "chute.models.sklearn:SklearnAdapter", "sklearn", "sklearn")
 register("xgboost", "chute.models.boosters:XGBoostAdapter", "xgboost", "xgboost")
 register("lightgbm", "chute.models.boosters:LightGBMAdapter", "lightgbm", "lightgbm")

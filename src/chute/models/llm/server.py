@@ -1,0 +1,303 @@
+"""The ``openai`` model type: each row a request to an OpenAI-compatible server.
+
+    model:
+      type: openai
+      base_url: http://127.0.0.1:8000/v1   # vllm serve, SGLang, a hosted API
+      model: qwen2-0.5b                    # the served model's name
+      api_key_env: MY_API_KEY              # the key's environment variable, never the key
+      concurrency: 16                      # requests in flight per replica
+      timeout: 60                          # seconds per request
+      max_retries: 8
+      temperature: 0
+      max_tokens: 64
+
+Rows become requests exactly as for the ``vllm`` type (:mod:`.requests`: a prompt, a chat,
+an OpenAI Batch request; ``system``, ``chat``, ``id``, ``seed``, ``structured``), and the
+outputs are the same columns. A request is retried, with exponential backoff and jitter,
+on ``429``, ``408``, a ``5xx``, a timeout or a connection error (the server down or
+restarting), waiting at least what a ``Retry-After`` header asks; any other ``4xx`` (a
+prompt longer than the window, a bad body) is that row's error. A request still failing
+after ``max_retries`` stops the job, naming the server; run it again to resume. The key
+is read from the environment on each replica: it is never in the job file, its
+fingerprint or the report. httpx is the client (``pip install 'chute[openai]'``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from chute.errors import ConfigError, ModelError, did_you_mean
+from chute.models.base import Adapter, ReplicaContext
+from chute.models.common import rename, renamed
+from chute.models.llm.engine import columns
+from chute.models.llm.requests import CHAT, EMBEDDINGS, Request, requests_of
+from chute.models.llm.responses import BAD_REQUEST, UNPARSED, Outcome, counters
+from chute.models.llm.sampling import SAMPLING, request_seed, sampling_options
+from chute.models.llm.structured import Structured, structured
+
+OWN = (
+    "base_url",
+    "model",
+    "api_key_env",
+    "concurrency",
+    "timeout",
+    "max_retries",
+    "backoff",
+    "headers",
+    "extra_body",
+    "sampling",
+    "system",
+    "chat",
+    "id",
+    "structured",
+    "tokenizer",
+    "outputs",
+)
+RETRIED = frozenset({408, 409, 429})
+"""Statuses worth another try besides every 5xx."""
+BACKOFF_MAX = 30.0
+
+
+class ServerDown(ModelError):
+    """A request that kept failing with retriable errors: the job stops (and resumes)."""
+
+
+class OpenAIAdapter(Adapter):
+    """Requests to an OpenAI-compatible endpoint, ``concurrency`` at a time per replica."""
+
+    kind: ClassVar[str] = "openai"
+    extra: ClassVar[str | None] = "openai"
+    wants_rows: ClassVar[bool] = True
+
+    def __init__(self, context: ReplicaContext, **options: Any) -> None:
+        import httpx
+
+        super().__init__(context, **options)
+        self.check(options)
+        self.sampling = sampling_options(options, SAMPLING)
+        self.seed: int | None = self.sampling.pop("seed", None)
+        self.structure = structured(options.get("structured"))
+        self.system: str | None = options.get("system")
+        self.chat = bool(options.get("chat", False))
+        self.id_column: str | None = options.get("id")
+        self.renames = dict(options.get("outputs") or {})
+        self.model_name = str(options["model"])
+        self.concurrency = int(options.get("concurrency", 16))
+        self.max_retries = int(options.get("max_retries", 8))
+        self.backoff = float(options.get("backoff", 0.5))
+        self.extra_body = dict(options.get("extra_body") or {})
+        headers = dict(options.get("headers") or {})
+        if options.get("api_key_env"):
+            headers["Authorization"] = f"Bearer {os.environ[options['api_key_env']]}"
+        limits = httpx.Limits(max_connections=self.concurrency)
+        self.client = httpx.Client(
+            base_url=str(options["base_url"]).rstrip("/") + "/",
+            headers=headers,
+            timeout=float(options.get("timeout", 60)),
+            limits=limits,
+        )
+        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="chute-openai")
+        self.counted: dict[str, float] = {}
+
+    @classmethod
+    def check(cls, options: Mapping[str, Any]) -> None:
+        if "api_key" in options:
+            raise ConfigError(
+                "model type 'openai': never put the API key in the job file; name the "
+                "environment variable that holds it: api_key_env: MY_API_KEY."
+            )
+        for key in options:
+            if key not in (*OWN, *SAMPLING):
+                raise ConfigError(
+                    f"model type 'openai' has no option {key!r}."
+                    f"{did_you_mean(key, (*OWN, *SAMPLING))} Its options: {', '.join(OWN)} "
+                    "and the sampling parameters; server-specific fields go under extra_body."
+                )
+        for key in ("base_url", "model"):
+            if not isinstance(options.get(key), str) or not options[key]:
+                raise ConfigError(
+                    f"model type 'openai' needs {key}: the server's URL (http://host:8000/v1) "
+                    "and the name of the model it serves."
+                )
+        name = options.get("api_key_env")
+        if name is not None and not os.environ.get(str(name)):
+            raise ConfigError(
+                f"model type 'openai': the environment variable {name!r} (api_key_env) is not "
+                "set: export it where the job runs."
+            )
+        for key in ("concurrency", "max_retries"):
+            value = options.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"model type 'openai': {key} must be a whole number.")
+        sampling_options(options, SAMPLING)
+        structured(options.get("structured"))
+
+    @classmethod
+    def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
+        names = ["texts", "embedding"]
+        if isinstance(options.get("structured"), Mapping) and "json" in options["structured"]:
+            names.append("value")
+        return renamed(names, options)
+
+    @classmethod
+    def plan_notes(
+        cls, options: Mapping[str, Any], sample: pa.Table, rows: int | None
+    ) -> list[str]:
+        from chute.models.llm.estimate import prompt_token_notes
+
+        return prompt_token_notes(options, sample, rows, None)
+
+    def take_counters(self) -> dict[str, float]:
+        counted, self.counted = self.counted, {}
+        return counted
+
+    def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
+        requests = requests_of(batch, self.chat, self.system, self.id_column)
+        outcomes = list(self.pool.map(self._serve, requests))
+        for name, value in counters(outcomes).items():
+            self.counted[name] = self.counted.get(name, 0.0) + value
+        n = int(self.sampling.get("n", 1) or 1)
+        out = columns(outcomes, requests, self.structure, n, self.model_name)
+        if any(r.endpoint == EMBEDDINGS for r in requests):
+            out["embedding"] = pa.array([o.embedding for o in outcomes], pa.list_(pa.float32()))
+        return rename(out, self.renames)
+
+    def _serve(self, request: Request) -> Outcome:
+        outcome = Outcome(created=int(time.time()))
+        if request.error is not None:
+            outcome.fail(request.error, BAD_REQUEST, "bad_request")
+            return outcome
+        status, reply = self._post(request.endpoint.removeprefix("/v1/"), self._body(request))
+        if status != 200:
+            message = _message(reply) or f"the server answered {status}"
+            outcome.fail(
+                message, status, "prompt_too_long" if _too_long(message) else f"http_{status}"
+            )
+            return outcome
+        _fill(outcome, request, reply, request.structured or self.structure)
+        return outcome
+
+    def _body(self, request: Request) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model_name, **self.extra_body}
+        if request.endpoint == EMBEDDINGS:
+            return {**body, "input": request.prompt}
+        body.update({**self.sampling, **request.sampling})
+        if self.seed is not None and "seed" not in request.sampling:
+            body["seed"] = request_seed(self.seed, request.identity)
+        if request.endpoint == CHAT:
+            body["messages"] = request.messages
+        else:
+            body["prompt"] = request.prompt
+        structure = request.structured or self.structure
+        if structure is not None and structure.kind == "json":
+            schema = {"name": "reply", "schema": structure.spec}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        elif structure is not None:  # vLLM's extension; other servers may refuse it
+            body["structured_outputs"] = structure.params()
+        return body
+
+    def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """The status and JSON of the answer, after retrying what is worth retrying."""
+        import httpx
+
+        attempt = 0
+        while True:
+            wait: float | None = None
+            try:
+                response = self.client.post(path, json=body)
+                if response.status_code not in RETRIED and response.status_code < 500:
+                    return response.status_code, _json(response)
+                why = f"HTTP {response.status_code}: {_message(_json(response)) or ''}".strip()
+                wait = retry_after(response.headers.get("retry-after"))
+            except httpx.TransportError as exc:  # refused, reset, timed out
+                why = f"{type(exc).__name__}: {exc}"
+            if attempt >= self.max_retries:
+                raise ServerDown(
+                    f"{self.client.base_url}{path} kept failing after {attempt + 1} tries "
+                    f"({why}): the job stops here; run it again to resume once the server "
+                    "answers."
+                )
+            self.counted["retries"] = self.counted.get("retries", 0.0) + 1
+            time.sleep(backoff(attempt, self.backoff, wait))
+            attempt += 1
+
+    def __del__(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+def backoff(attempt: int, base: float, retry_after: float | None) -> float:
+    """Seconds before try ``attempt + 1``: exponential from ``base`` with full jitter,
+    at most :data:`BACKOFF_MAX`, and never less than the server's ``Retry-After``."""
+    delay = random.uniform(0, min(BACKOFF_MAX, base * 2**attempt))
+    return max(delay, retry_after or 0.0)
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds: a number of seconds, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _json(response: Any) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"error": {"message": response.text[:500]}}
+
+
+def _message(reply: Any) -> str | None:
+    if isinstance(reply, Mapping):
+        error = reply.get("error")
+        if isinstance(error, Mapping):
+            return str(error.get("message"))
+        if "message" in reply:
+            return str(reply["message"])
+    return None
+
+
+def _too_long(message: str) -> bool:
+    lowered = message.lower()
+    return "context length" in lowered or "max_model_len" in lowered or "too long" in lowered
+
+
+def _fill(outcome: Outcome, request: Request, reply: Any, structure: Structured | None) -> None:
+    usage = reply.get("usage") or {}
+    outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    if request.endpoint == EMBEDDINGS:
+        outcome.embedding = [float(x) for x in reply["data"][0]["embedding"]]
+        return
+    choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
+    outcome.texts = [
+        str((c.get("message") or {}).get("content") or "")
+        if request.endpoint == CHAT
+        else str(c.get("text") or "")
+        for c in choices
+    ]
+    outcome.finish_reasons = [str(c.get("finish_reason")) for c in choices]
+    outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
+    if structure is None or not outcome.texts:
+        return
+    try:
+        outcome.value = structure.parse(outcome.texts[0])
+    except ValueError as exc:
+        cut = " (cut at max_tokens)" if outcome.finish_reason == "length" else ""
+        outcome.fail(f"{exc}{cut}", UNPARSED, "unparsed")

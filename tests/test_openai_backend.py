@@ -1,0 +1,173 @@
+"""The ``openai`` model type's HTTP behaviour against a local HTTP server that answers as an
+OpenAI-compatible one would when overloaded or failing: ``429`` with ``Retry-After``, a
+request that hangs past the timeout, a ``400`` for one row, a server that stays down. The
+real thing — ``vllm serve`` of the tiny model, killed and restarted mid-job — is in
+tests/llm/test_openai_server.py; vLLM cannot be made to answer 429 on demand."""
+
+from __future__ import annotations
+
+import email.utils
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("httpx")
+
+import chute
+from chute import Model, adapter
+from chute.errors import ConfigError, ModelError
+from chute.models.llm.server import backoff, retry_after
+
+
+class Endpoint(ThreadingHTTPServer):
+    """``/v1/completions`` that echoes the prompt, and fails as ``plan`` says: a list of
+    (status, headers, delay seconds) for the first calls of each prompt."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.plan: dict[str, list[tuple[int, dict[str, str], float]]] = {}
+        self.calls: list[tuple[str, float, dict[str, str]]] = []
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Endpoint
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = str(body["prompt"])
+        with self.server.lock:
+            self.server.calls.append((prompt, time.monotonic(), dict(self.headers)))
+            plan = self.server.plan.get(prompt) or []
+            status, headers, delay = plan.pop(0) if plan else (200, {}, 0.0)
+        time.sleep(delay)
+        if status == 200:
+            reply: dict[str, Any] = {
+                "choices": [{"index": 0, "text": f"echo {prompt}", "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        else:
+            reply = {"error": {"message": f"refused {prompt}", "type": "x", "code": status}}
+        data = json.dumps(reply).encode()
+        try:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+            pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    server = Endpoint()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def job(endpoint: Endpoint, out: Path, **options: Any) -> chute.Job:
+    prompts = [f"p{i}" for i in range(6)]
+    pq.write_table(pa.table({"id": range(6), "prompt": prompts}), out.parent / "in.parquet")
+    spec = adapter("openai", base_url=endpoint.url, model="tiny", **options)
+    return chute.Job(
+        source=chute.FileSource(str(out.parent / "in.parquet")),
+        models=(Model("gen", spec, inputs=("prompt",)),),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine="local",
+    )
+
+
+@pytest.mark.timeout(120)
+def test_429_is_retried_no_sooner_than_retry_after(endpoint: Endpoint, tmp_path: Path) -> None:
+    endpoint.plan["p2"] = [(429, {"Retry-After": "1"}, 0.0), (503, {"Retry-After": "1"}, 0.0)]
+    report = job(endpoint, tmp_path / "out", backoff=0.01).run()
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
+    assert table.column("gen_error").null_count == 6
+    times = [t for prompt, t, _ in endpoint.calls if prompt == "p2"]
+    assert len(times) == 3 and all(b - a >= 1.0 for a, b in itertools.pairwise(times))
+    counted = report.stages["gen"].counters
+    assert counted["retries"] == 2 and counted["requests"] == 6
+    assert counted["prompt_tokens"] == 18 and counted["generated_tokens"] == 12
+
+
+@pytest.mark.timeout(120)
+def test_a_request_past_its_timeout_is_tried_again(endpoint: Endpoint, tmp_path: Path) -> None:
+    endpoint.plan["p4"] = [(200, {}, 3.0)]  # hangs past the timeout once, then answers
+    report = job(endpoint, tmp_path / "out", timeout=0.5, backoff=0.01).run()
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist()[4] == "echo p4"
+    assert report.stages["gen"].counters["retries"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_400_is_that_rows_error_and_the_key_stays_out_of_the_report(
+    endpoint: Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHUTE_TEST_KEY", "sk-secret-123")
+    endpoint.plan["p1"] = [(400, {}, 0.0)]
+    report = job(endpoint, tmp_path / "out", api_key_env="CHUTE_TEST_KEY").run()
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_error").to_pylist()[1] == "refused p1"
+    assert table.column("gen_text").to_pylist()[1] is None
+    assert table.column("gen_error").null_count == 5
+    assert report.stages["gen"].counters["error/http_400"] == 1
+    assert {h["Authorization"] for _, _, h in endpoint.calls} == {"Bearer sk-secret-123"}
+    for path in (tmp_path / "out" / "_chute").rglob("*"):
+        if path.is_file():
+            assert b"sk-secret-123" not in path.read_bytes(), path
+
+
+@pytest.mark.timeout(120)
+def test_a_server_that_stays_down_stops_the_job_and_a_rerun_resumes(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    endpoint.plan["p3"] = [(503, {}, 0.0)] * 3
+    with pytest.raises(ModelError, match=r"kept failing after 3 tries \(HTTP 503"):
+        job(endpoint, tmp_path / "out", max_retries=2, backoff=0.01).run()
+    report = job(endpoint, tmp_path / "out", max_retries=2, backoff=0.01).run()
+    assert report.rows_out + report.rows_skipped == 6
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
+
+
+def test_the_key_is_never_an_option_and_its_variable_must_be_set(tmp_path: Path) -> None:
+    spec = adapter("openai", base_url="http://x/v1", model="m", api_key="sk-1")
+    with pytest.raises(ConfigError, match="never put the API key in the job file"):
+        spec.check()
+    spec = adapter("openai", base_url="http://x/v1", model="m", api_key_env="CHUTE_NO_SUCH_VAR")
+    with pytest.raises(ConfigError, match=r"'CHUTE_NO_SUCH_VAR' .* is not set"):
+        spec.check()
+    with pytest.raises(ConfigError, match="needs base_url"):
+        adapter("openai", model="m").check()
+
+
+def test_retry_after_and_backoff() -> None:
+    assert retry_after("2") == 2.0 and retry_after(None) is None and retry_after("x") is None
+    later = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= (retry_after(later) or 0) <= 30
+    assert backoff(0, 0.5, 3.0) == 3.0  # never sooner than the server asked
+    assert all(0 <= backoff(10, 0.5, None) <= 30 for _ in range(100))
