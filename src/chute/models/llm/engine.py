@@ -47,18 +47,32 @@ def load_llm(path: str, options: Mapping[str, Any], context: ReplicaContext, tas
     return LLM(model=path, **settings)
 
 
-def prompt_ids(tokenizer: Any, request: Request) -> list[int]:
-    """A request's prompt as token ids: a chat rendered with the chat template first."""
-    if request.messages is not None:
-        text = tokenizer.apply_chat_template(
-            request.messages, tokenize=False, add_generation_prompt=True
-        )
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(request.prompt or ""))
-
-
-class PromptTooLong(ValueError):
-    """A prompt that leaves no room for a reply in the model's window."""
+def encode_all(tokenizer: Any, requests: Sequence[Request]) -> list[list[int] | Exception]:
+    """Each request's prompt as token ids (a chat rendered with the chat template first),
+    in one batched call of the tokenizer per kind; a request that cannot be rendered gets
+    its exception, one with an error of its own an empty list."""
+    out: list[list[int] | Exception] = [[] for _ in requests]
+    texts: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
+    for i, request in enumerate(requests):
+        if request.error is not None:
+            continue
+        if request.messages is None:
+            texts[True].append((i, request.prompt or ""))
+            continue
+        try:
+            text = tokenizer.apply_chat_template(
+                request.messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:
+            out[i] = exc
+            continue
+        texts[False].append((i, str(text)))
+    for special, items in texts.items():
+        if items:  # the template's text has its special tokens already
+            ids = tokenizer([t for _, t in items], add_special_tokens=special)["input_ids"]
+            for (i, _), one in zip(items, ids, strict=True):
+                out[i] = list(one)
+    return out
 
 
 class Engine:
@@ -70,36 +84,29 @@ class Engine:
         self.window = int(llm.llm_engine.model_config.max_model_len)
         self.model_name = model_name
 
-    def tokens(self, request: Request) -> list[int]:
-        """The prompt's token ids (a chat rendered with the chat template first)."""
-        ids = prompt_ids(self.tokenizer, request)
-        if len(ids) >= self.window:
-            raise PromptTooLong(
-                f"the prompt has {len(ids)} tokens; the model's window (max_model_len) is "
-                f"{self.window}, which leaves no room for a reply: shorten the prompt or "
-                "raise max_model_len"
-            )
-        return list(ids)
-
     def prompts(self, requests: Sequence[Request], outcomes: list[Outcome]) -> list[Any]:
-        """Token prompts of the requests that can be served; the others get their error."""
+        """Token prompts of the requests that can be served (tokenized in one call of the
+        fast tokenizer, chats rendered first); the others get their error."""
         from vllm.inputs import TokensPrompt
 
         prompts: list[Any] = []
-        for request, outcome in zip(requests, outcomes, strict=True):
+        encoded = encode_all(self.tokenizer, requests)
+        for request, outcome, ids in zip(requests, outcomes, encoded, strict=True):
             if request.error is not None:
                 outcome.fail(request.error, BAD_REQUEST, "bad_request")
-                continue
-            try:
-                ids = self.tokens(request)
-            except PromptTooLong as exc:
-                outcome.fail(str(exc), BAD_REQUEST, "prompt_too_long")
-                continue
-            except Exception as exc:  # a template that cannot render this chat
-                outcome.fail(str(exc), BAD_REQUEST, "bad_request")
-                continue
-            outcome.prompt_tokens = len(ids)
-            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            elif isinstance(ids, Exception):  # a template that cannot render this chat
+                outcome.fail(str(ids), BAD_REQUEST, "bad_request")
+            elif len(ids) >= self.window:
+                outcome.fail(
+                    f"the prompt has {len(ids)} tokens; the model's window (max_model_len) is "
+                    f"{self.window}, which leaves no room for a reply: shorten the prompt or "
+                    "raise max_model_len",
+                    BAD_REQUEST,
+                    "prompt_too_long",
+                )
+            else:
+                outcome.prompt_tokens = len(ids)
+                prompts.append(TokensPrompt(prompt_token_ids=ids))
         return prompts
 
     def generate(
@@ -117,6 +124,7 @@ class Engine:
         prompts = self.prompts(requests, outcomes)
         live = [i for i, o in enumerate(outcomes) if o.error is None]
         params = []
+        made: dict[str, Any] = {}
         for i in live:
             request = requests[i]
             merged = {**sampling, **request.sampling}
@@ -125,12 +133,16 @@ class Engine:
             structure = request.structured or job_structure
             if structure is not None:
                 merged["structured_outputs"] = StructuredOutputsParams(**structure.params())
+            key = repr(sorted(merged.items()))  # one object for requests that share them
             try:
-                params.append(SamplingParams(**merged))
+                if key not in made:
+                    made[key] = SamplingParams(**merged)
+                params.append(made[key])
             except Exception as exc:
                 outcomes[i].fail(f"bad sampling parameters: {exc}", BAD_REQUEST, "bad_request")
         served = [i for i in live if outcomes[i].error is None]
-        kept = [prompts[live.index(i)] for i in served]
+        place = {i: k for k, i in enumerate(live)}
+        kept = [prompts[place[i]] for i in served]
         results = self.llm.generate(kept, params, use_tqdm=False) if kept else []
         for i, result in zip(served, results, strict=True):
             _fill(outcomes[i], result, requests[i].structured or job_structure)

@@ -29,7 +29,7 @@ def prompt_token_notes(
     try:
         from transformers import AutoTokenizer
 
-        from chute.models.llm.engine import prompt_ids
+        from chute.models.llm.engine import encode_all
         from chute.models.sbert import offline_hub
 
         offline_hub()
@@ -37,7 +37,8 @@ def prompt_token_notes(
         requests = requests_of(
             sample, bool(options.get("chat")), options.get("system"), options.get("id")
         )
-        counts = [len(prompt_ids(tokenizer, r)) for r in requests if r.error is None]
+        encoded = encode_all(tokenizer, [r for r in requests if r.error is None])
+        counts = [len(ids) for ids in encoded if not isinstance(ids, Exception)]
     except Exception as exc:  # a sample the model could not take is the run's error, not ours
         return [f"prompt tokens: not estimated ({exc})"]
     if not counts:
