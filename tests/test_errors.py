@@ -13,6 +13,7 @@ from chute.errors import (
     JobStateError,
     ModelError,
     ResourceError,
+    StallError,
     did_you_mean,
     missing_columns_error,
 )
@@ -28,6 +29,7 @@ from chute.errors import (
         pytest.param(ModelError, ChuteError, 4, id="ModelError"),
         pytest.param(JobStateError, ChuteError, 5, id="JobStateError"),
         pytest.param(ResourceError, ChuteError, 6, id="ResourceError"),
+        pytest.param(StallError, ResourceError, 7, id="StallError"),
     ],
 )
 def test_error_tree_and_exit_codes(cls: type[ChuteError], parent: type, code: int) -> None:
@@ -54,6 +56,7 @@ def test_every_error_class_in_the_module_is_covered() -> None:
         "ModelError",
         "JobStateError",
         "ResourceError",
+        "StallError",
     }
 
 

@@ -18,6 +18,7 @@ from chute.errors import (
     JobStateError,
     ModelError,
     ResourceError,
+    StallError,
 )
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ __all__ = [
     "ResourceError",
     "Resources",
     "Sink",
+    "StallError",
     "TableSource",
     "adapter",
     "predict",

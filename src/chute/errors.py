@@ -7,6 +7,8 @@
     ├── ModelError               exit 4   a model failed to load or to predict
     ├── JobStateError            exit 5   the output location holds something else
     └── ResourceError            exit 6   the cluster cannot give what the job asks for
+        └── StallError           exit 7   a run made no progress: the cluster lost what it
+                                          needs; committed units kept, run again to resume
 
 Errors from Ray, Arrow and the frameworks are translated where they cross into chute,
 with ``raise ... from exc`` so the original traceback is kept. An ``OSError`` met while
@@ -72,6 +74,13 @@ class ResourceError(ChuteError):
     """The job asks for resources (GPUs, CPUs, memory) the engine cannot provide."""
 
     exit_code = 6
+
+
+class StallError(ResourceError):
+    """A run stopped making progress: what it waits for, no node of the cluster can give
+    (a node was lost). What was committed stays; running the job again resumes it."""
+
+    exit_code = 7
 
 
 def did_you_mean(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str:

@@ -324,6 +324,16 @@ class RateColumn(ProgressColumn):
         return Text(f"{rate:,.0f} rows/s", style="progress.data.speed")
 
 
+class EtaColumn(TimeRemainingColumn):
+    """``ETA 0:01:02``, or what the run waits for while it waits (an ETA would be a guess)."""
+
+    def render(self, task: Task) -> Text:
+        waiting = str(task.fields.get("waiting") or "")
+        if waiting:
+            return Text(waiting, style="yellow")
+        return Text.assemble("ETA ", super().render(task))
+
+
 class ProgressBar:
     """One bar: rows written out of the total, with rows/s and ETA. When the console is
     not a terminal (a CI log), a plain line every ``every`` seconds instead."""
@@ -348,8 +358,7 @@ class ProgressBar:
             RowsColumn(),
             RateColumn(),
             TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            EtaColumn(),
             console=console,
             get_time=clock,
             disable=not enabled or self._lines is not None,
@@ -386,3 +395,10 @@ class ProgressBar:
         self._progress.update(self._task, description=text)
         if self._lines is not None:
             self._lines.describe(text)
+
+    def waiting(self, text: str) -> None:
+        """Show ``text`` (``"waiting for resources: …"``) instead of the ETA; ``""`` ends it."""
+        self._progress.update(self._task, waiting=text)
+        if self._lines is not None:
+            self._lines.waiting = text
+            self._lines.tick()

@@ -97,6 +97,8 @@ class ProgressLines:
     clock: Callable[[], float] = time.monotonic
     every: float = PROGRESS_EVERY
     description: str = "units"
+    waiting: str = ""
+    """What the run waits for, shown in place of the rate and ETA while it is set."""
     completed: int = 0
     _started: float = 0.0
     _last: float = 0.0
@@ -141,7 +143,9 @@ class ProgressLines:
         else:
             yield f"{self.completed:,} rows"
         speed = self.completed / elapsed if elapsed > 0 else 0.0
-        if rate:
+        if rate and self.waiting:
+            yield self.waiting
+        elif rate:
             yield f"{speed:,.0f} rows/s"
             if self.total and speed > 0:
                 yield f"ETA {_duration((self.total - self.completed) / speed)}"

@@ -36,9 +36,15 @@ Counters = Mapping[str, Mapping[str, float]]
 class Commit(Protocol):
     """What an engine hands each batch of part records to (the driver's committer), with
     what the models counted since the last call, for the progress line (optional: the
-    report's totals come from the stage statistics)."""
+    report's totals come from the stage statistics), and a ``status`` to show in place of
+    the ETA while the engine waits (``"waiting for resources: …"``; ``""`` clears it)."""
 
-    def __call__(self, records: list[PartRecord], counters: Counters | None = None) -> None: ...
+    def __call__(
+        self,
+        records: list[PartRecord],
+        counters: Counters | None = None,
+        status: str | None = None,
+    ) -> None: ...
 
 
 @dataclass(frozen=True)

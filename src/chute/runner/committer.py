@@ -86,9 +86,13 @@ class Committer:
         self,
         records: Sequence[PartRecord],
         counters: Mapping[str, Mapping[str, float]] | None = None,
+        status: str | None = None,
     ) -> None:
         """Take records from the writers; commit the units they complete. ``counters``:
-        what the models counted meanwhile (tokens), shown on the progress line."""
+        what the models counted meanwhile (tokens), shown on the progress line; ``status``:
+        what the engine waits for, shown in place of the ETA (``""``: no longer waiting)."""
+        if status is not None and self.bar is not None:
+            self.bar.waiting(status)
         if counters:
             for stage in counters.values():
                 add_counters(self.counted, stage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from chute.engines.ray.operators import (
 )
 from chute.engines.ray.release import drop_frames, released
 from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable
+from chute.engines.ray.watchdog import Stalled, Watchdog
 from chute.engines.resources import Cluster, StageResources, plan_resources
 from chute.errors import ChuteError
 from chute.plan import Plan, Reader, StagePlan
@@ -63,11 +65,21 @@ class RayEngine:
         return plan_resources([s.model for s in plan.stages], cluster())
 
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
-
         resources = self.resources(plan)
         totals: dict[str, dict[str, float]] = {}
-        with released(), quiet_data(self.verbose):
-            self._stream(self._dataset(plan, resources), commit, totals)
+        watchdog = Watchdog(
+            cluster(),
+            min(r.cpus for r in resources),
+            waiting=lambda note: commit([], None, status=note),
+        )
+        try:
+            with released(), quiet_data(self.verbose), watchdog:
+                self._stream(self._dataset(plan, resources), commit, totals, watchdog.progress)
+        except Stalled:
+            assert watchdog.error is not None
+            raise watchdog.error from None
+        if watchdog.error is not None:  # stopped, and Ray's iterator ended rather than raised
+            raise watchdog.error
         return carried.stage_stats(totals)
 
     def _stream(
@@ -75,9 +87,11 @@ class RayEngine:
         dataset: Any,
         commit: Commit,
         totals: dict[str, dict[str, float]],
+        progress: Callable[[], None],
     ) -> None:
         """Hand every part record to ``commit`` and sum the stage statistics that came with
-        them into ``totals``; translate a failed task to a chute error."""
+        them into ``totals``; call ``progress`` as each batch arrives; translate a failed
+        task to a chute error."""
         import ray
 
         # No prefetching: Ray Data would hand over each record block only once the next one
@@ -85,6 +99,7 @@ class RayEngine:
         batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
         try:
             for batch in batches:
+                progress()
                 counters: dict[str, dict[str, float]] = {}
                 for text in batch.column(carried.STAGES).to_pylist():
                     carried.add(totals, carried.decode(text))

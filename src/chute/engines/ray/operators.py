@@ -20,7 +20,8 @@ from chute.stages import ModelStage, PrepareStage, PreprocessStage
 
 
 class UnitDatasource:
-    """A Ray Data datasource with one read task per pending unit."""
+    """A Ray Data datasource with one read task per pending unit, or per few small units
+    (see :func:`read_groups`)."""
 
     def __new__(cls, reader: Reader, units: list[Unit]) -> Any:
         from ray.data import Datasource, ReadTask
@@ -36,34 +37,92 @@ class UnitDatasource:
 
             def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
                 return [
-                    ReadTask(
-                        ReadUnit(reader, unit), BlockMetadata(unit.rows, unit.nbytes, None, None)
-                    )
-                    for unit in units
+                    ReadTask(ReadUnits(reader, group), _metadata(group, BlockMetadata))
+                    for group in read_groups(units)
                 ]
 
         return _Units()
 
 
-class ReadUnit:
-    """One read task's function: the reader and its own unit, nothing else.
+GROUP_ROWS = 65_536
+"""Units with fewer rows than this together share a read task (row counts from metadata)."""
+GROUP_UNITS = 64
+"""Most units one read task reads."""
+
+
+def read_groups(units: Sequence[Unit]) -> list[tuple[Unit, ...]]:
+    """Consecutive units in read tasks: a unit alone, or small ones (rows known, fewer than
+    :data:`GROUP_ROWS` together, at most :data:`GROUP_UNITS`) side by side.
+
+    Ray Data's driver spends milliseconds on every task and every block (an actor call,
+    its metrics); a task over many tiny files pays that once for them, yielding them as one
+    block. Each unit is still read, tagged, written and committed on its own.
+    """
+    groups: list[tuple[Unit, ...]] = []
+    group: list[Unit] = []
+    rows = 0
+    for unit in units:
+        small = unit.rows is not None and unit.rows < GROUP_ROWS
+        if group and (
+            not small or rows + (unit.rows or 0) > GROUP_ROWS or len(group) == GROUP_UNITS
+        ):
+            groups.append(tuple(group))
+            group, rows = [], 0
+        group.append(unit)
+        rows += unit.rows or 0
+        if not small:
+            groups.append(tuple(group))
+            group, rows = [], 0
+    if group:
+        groups.append(tuple(group))
+    return groups
+
+
+def _metadata(group: Sequence[Unit], cls: Any) -> Any:
+    rows = [u.rows for u in group]
+    sizes = [u.nbytes for u in group]
+    return cls(
+        None if None in rows else sum(r or 0 for r in rows),
+        None if None in sizes else sum(s or 0 for s in sizes),
+        None,
+        None,
+    )
+
+
+class ReadUnits:
+    """One read task's function: the reader and its own units, nothing else.
 
     Ray puts every read task in the object store from the driver, so what one carries is
-    paid once per unit: a class pickled by reference and a source pickled without its
-    listing keep it about a kilobyte at any number of units (a closure holding the listing
-    made it grow with the units, and the driver's work with their square).
+    paid once per task: a class pickled by reference and a source pickled without its
+    listing keep it about a kilobyte (a closure holding the listing made it grow with the
+    units, and the driver's work with their square).
     """
 
-    __name__ = "read_unit"  # Ray Data names the read function in its size warning
+    __name__ = "read_units"  # Ray Data names the read function in its size warning
 
-    def __init__(self, reader: Reader, unit: Unit) -> None:
-        self.reader, self.unit = reader, unit
+    def __init__(self, reader: Reader, units: Sequence[Unit]) -> None:
+        self.reader, self.units = reader, tuple(units)
 
     def __call__(self) -> Iterator[pa.Table]:
+        tables = self._tables()
+        if len(self.units) == 1:  # a unit alone streams batch by batch
+            yield from tables
+            return
+        run: list[pa.Table] = []  # small units: one block, one model call, one record batch
+        for table in tables:
+            if run and table.schema != run[0].schema:  # a skip marker: a block of its own
+                yield pa.concat_tables(run)
+                run = []
+            run.append(table)
+        if run:
+            yield pa.concat_tables(run)
+
+    def _tables(self) -> Iterator[pa.Table]:
         began = time.perf_counter()
-        for batch in self.reader(self.unit):
-            yield carried.carry(batch, "read", time.perf_counter() - began)
-            began = time.perf_counter()
+        for unit in self.units:
+            for batch in self.reader(unit):
+                yield carried.carry(batch, "read", time.perf_counter() - began)
+                began = time.perf_counter()
 
 
 class PreprocessTask:

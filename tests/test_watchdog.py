@@ -1,0 +1,107 @@
+"""The stall watchdog on its own: fed samples of a cluster, it stops a run that waits for
+what no node can give, says what is pending, what the cluster has and lost, and what to
+do; demand a node can run once its tasks finish is not a stall. (On real clusters:
+tests/test_cluster_shapes.py.)"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from rich.console import Console
+
+from chute.engines.ray.watchdog import Sample, Stalled, Watchdog
+from chute.engines.resources import Cluster, Node
+from chute.errors import ResourceError, StallError
+from chute.report import ProgressBar
+from chute.terminal import ProgressLines
+
+HEAD, WORKER = Node("127.0.0.2", 1.0), Node("127.0.0.3", 1.0)
+STARTED = Cluster(2.0, nodes=(HEAD, WORKER))
+LOST_WORKER = Sample([{"CPU": 1.0}], (HEAD,), {"127.0.0.2": 1.0})
+"""The hang of issue 18: the restarted model actor took the head's only CPU; a read waits."""
+
+
+def _watchdog(found: Sample, notes: list[str], bound: float = 0.4) -> Watchdog:
+    return Watchdog(STARTED, 1.0, notes.append, bound=bound, poll=0.02, probe=lambda _: found)
+
+
+@pytest.mark.timeout(30)
+def test_a_run_waiting_for_what_no_node_has_is_stopped_saying_why() -> None:
+    notes: list[str] = []
+    watchdog = _watchdog(LOST_WORKER, notes)
+    deadline = time.monotonic() + 10
+    with pytest.raises(Stalled), watchdog:
+        while time.monotonic() < deadline:  # the streaming thread, waiting on Ray Data
+            time.sleep(0.01)
+    assert isinstance(watchdog.error, StallError)
+    assert isinstance(watchdog.error, ResourceError) and watchdog.error.exit_code == 7
+    text = str(watchdog.error)
+    assert text.startswith("no progress for 0.4 s: Ray has {CPU: 1} pending (read tasks")
+    assert "The cluster has 1 CPUs, 0 GPUs on 1 node (127.0.0.2: 1 CPU)" in text
+    assert "1 CPU of it held by model actors; lost since the start: 127.0.0.3: 1 CPU." in text
+    assert "add a node (or CPUs), then run the same command again; it resumes" in text
+    assert notes[0].startswith("lost node 127.0.0.3 (1 CPU) at 0:0")  # on the first sample
+    assert notes[1].startswith("waiting for resources: {CPU: 1} pending · lost node 127.0.0.3")
+    assert len(notes) == 2
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        pytest.param(Sample([], (HEAD,), {"127.0.0.2": 1.0}), id="nothing-pending"),
+        pytest.param(
+            Sample([{"CPU": 1.0}], (Node("127.0.0.2", 2.0),), {"127.0.0.2": 1.0}),
+            id="a-read-waits-for-other-reads",
+        ),
+        pytest.param(Sample([{"CPU": 0.5}], (HEAD, WORKER), {}), id="room-once-tasks-end"),
+    ],
+)
+def test_demand_a_node_can_run_is_not_a_stall(found: Sample) -> None:
+    notes: list[str] = []
+    watchdog = _watchdog(found, notes, bound=1.0)
+    now = time.monotonic()
+    assert not any(watchdog.check(found, now + t) for t in (0, 5, 50, 500))
+    assert watchdog.error is None
+    assert not [note for note in notes if note.startswith("waiting")]
+
+
+def test_progress_restarts_the_clock_and_clears_the_waiting_note() -> None:
+    notes: list[str] = []
+    watchdog = _watchdog(LOST_WORKER, notes, bound=60.0)
+    now = time.monotonic()
+    assert not watchdog.check(LOST_WORKER, now)  # first seen
+    assert not watchdog.check(LOST_WORKER, now + 31)  # waited half the bound: shown
+    assert notes[-1].startswith("waiting for resources: {CPU: 1} pending · lost node")
+    watchdog.progress()  # a record arrived: the run moves after all
+    assert notes[-1].startswith("lost node 127.0.0.3 (1 CPU) at ")  # still said, ETA aside
+    later = time.monotonic()
+    assert not watchdog.check(LOST_WORKER, later + 59)  # counted from the last record
+    watchdog._stop.set()  # no thread to stop: the check only decides
+    assert watchdog.check(LOST_WORKER, later + 61)
+    assert watchdog.error is None  # a watchdog already stopped raises nothing
+
+
+def test_the_progress_line_says_waiting_for_resources_instead_of_an_eta() -> None:
+    out = io.StringIO()
+    now = [0.0]
+    lines = ProgressLines(1_000, Console(file=out, width=200), lambda: now[0], every=1.0)
+    lines.start()
+    lines.advance(100)
+    now[0] = 2.0
+    lines.waiting = "waiting for resources: {CPU: 1} pending"
+    lines.tick()
+    assert out.getvalue().splitlines() == [
+        "units · 100 of 1,000 rows (10%) · waiting for resources: {CPU: 1} pending · 2 s elapsed"
+    ]
+
+
+def test_the_bar_says_waiting_for_resources_instead_of_an_eta() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=True)
+    with ProgressBar(1_000, console=console, clock=lambda: 2.0) as bar:
+        bar.advance(100)
+        bar.waiting("waiting for resources: {CPU: 1} pending")
+    assert "waiting for resources: {CPU: 1} pending" in out.getvalue()
+    assert "ETA" not in out.getvalue().splitlines()[-1]
