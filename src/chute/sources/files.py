@@ -261,15 +261,16 @@ class FileSource:
                 )
                 for i, f in enumerate(files)
             ]
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            metas = list(pool.map(self._footer, files))
         units: list[Unit] = []
-        for path, meta in zip(files, metas, strict=True):
-            if isinstance(meta, DataError):
-                uid = self._unit_id(path)
-                units.append(Unit(len(units), uid, None, path=path, error=str(meta)))
-            else:
-                units.extend(self._parquet_units(path, meta, len(units)))
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            # Each footer becomes units as it arrives and is let go: a footer object holds
+            # kilobytes, so a list of all of them made planning a million files heavy.
+            for path, meta in zip(files, pool.map(self._footer, files), strict=True):
+                if isinstance(meta, DataError):
+                    uid = self._unit_id(path)
+                    units.append(Unit(len(units), uid, None, path=path, error=str(meta)))
+                else:
+                    units.extend(self._parquet_units(path, meta, len(units)))
         return units
 
     def _footer(self, path: str) -> pq.FileMetaData | DataError:
