@@ -142,6 +142,15 @@ def kind(method: str, path: str, query: str) -> str:
     return method
 
 
+def as_s3(payload: bytes) -> bytes:
+    """moto's answer as S3 gives it. moto 5.2 names the answer to CompleteMultipartUpload
+    ``<CompleteMultipartUploadResponse>`` where S3 says ``<CompleteMultipartUploadResult>``,
+    and pyarrow's S3 client reads any other root as an error inside a 200 OK: every
+    multipart upload through pyarrow (pyiceberg's metadata files) failed against moto."""
+    wrong = b"CompleteMultipartUploadResponse"
+    return payload.replace(wrong, b"CompleteMultipartUploadResult") if wrong in payload else payload
+
+
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -187,7 +196,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                     headers["Content-Length"] = str(len(body))
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 response = conn.getresponse()
-                payload = response.read()
+                payload = as_s3(response.read())
                 return response.status, response.getheaders(), payload
             finally:
                 conn.close()

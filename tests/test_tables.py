@@ -26,11 +26,17 @@ import pytest
 import chute
 from chute.lease import Lease
 from chute.tables import JOB_KEY, UNITS_KEY, Index, TableSink, units_of
+from tests import s3server
 from tests.chaos_job import HERE, driver_env, make_data, reap, start_driver, wait_for
+from tests.s3server import FaultProxy, MotoS3, list_keys
 
 pytest.importorskip("pyiceberg")
 pytest.importorskip("deltalake")
 pytest.importorskip("lance")
+
+moto_s3 = s3server.moto_s3  # the fixtures: a moto server, the proxy, an empty bucket
+s3_proxy = s3server.s3_proxy
+s3 = s3server.s3
 
 UNITS = 8
 ROWS_PER_UNIT = 500
@@ -81,12 +87,23 @@ def read_table(sink: TableSink) -> pd.DataFrame:
     elif sink.format == "delta":
         from deltalake import DeltaTable
 
-        frame = DeltaTable(sink.path).to_pandas()
+        table = DeltaTable(sink.path, storage_options=_options(sink))
+        if sink.path.startswith("s3://"):  # the files the log names (see _delta_history)
+            frame = _read_files(sink, table.file_uris()).to_pandas()
+        else:
+            frame = table.to_pandas()
     else:
         import lance
 
-        frame = lance.dataset(sink.path).to_table().to_pandas()
+        frame = lance.dataset(sink.path, storage_options=_options(sink)).to_table().to_pandas()
     return frame.sort_values("id").reset_index(drop=True)
+
+
+def _options(sink: TableSink) -> dict[str, str] | None:
+    """The object-store options of a Delta or Lance table (an S3 endpoint), as chute's."""
+    from chute.tables.delta import storage_options
+
+    return storage_options(sink.path, sink.storage) or None
 
 
 def history(sink: TableSink) -> list[dict[str, str]]:
@@ -100,19 +117,57 @@ def history(sink: TableSink) -> list[dict[str, str]]:
     elif sink.format == "delta":
         from deltalake import DeltaTable
 
-        metas = DeltaTable(sink.path).history()
+        table = DeltaTable(sink.path, storage_options=_options(sink))
+        metas = _delta_history(sink) if sink.path.startswith("s3://") else table.history()
     else:
         import lance
 
-        transactions = lance.dataset(sink.path).get_transactions(1000)
+        transactions = lance.dataset(sink.path, storage_options=_options(sink)).get_transactions(
+            1000
+        )
         metas = [dict(t.transaction_properties or {}) for t in transactions if t]
     return [m for m in metas if UNITS_KEY in m]
+
+
+def _delta_history(sink: TableSink) -> list[dict[str, Any]]:
+    """The commit infos of a Delta table's log, read from its JSON files: deltalake 1.6.6's
+    own ``history()`` fails with ``Generic S3 error`` against moto, and its ``to_pandas()``
+    there takes minutes of retries (object_store's 3-minute retry timeout), where loading
+    the table and writing to it work."""
+    from chute.storage import read, resolve
+
+    fs, root = resolve(sink.path, sink.storage)
+    infos = []
+    for version in range(_delta_version(sink) + 1):
+        log = read(fs, f"{root}/_delta_log/{version:020d}.json") or b""
+        infos += [json.loads(line)["commitInfo"] for line in log.decode().splitlines()
+                  if '"commitInfo"' in line]  # fmt: skip
+    return infos
+
+
+def _delta_version(sink: TableSink) -> int:
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(sink.path, storage_options=_options(sink)).version())
+
+
+def _read_files(sink: TableSink, uris: list[str]) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    from chute.storage import resolve
+
+    fs, _ = resolve(sink.path, sink.storage)
+    return pa.concat_tables(
+        [pq.read_table(uri.removeprefix("s3://"), filesystem=fs) for uri in uris]
+    )
 
 
 def _iceberg(sink: TableSink) -> Any:
     from pyiceberg.catalog import load_catalog
 
-    return load_catalog("default", **dict(sink.catalog)).load_table(sink.table)
+    from chute.tables.iceberg import catalog_properties
+
+    return load_catalog("default", **catalog_properties(sink)).load_table(sink.table)
 
 
 def _location(sink: TableSink) -> Path:
@@ -324,9 +379,13 @@ def _check_chaos(sink: TableSink) -> None:
     assert units == Counter(range(UNITS)), f"a unit committed twice or never: {units}"
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], env=driver_env(), capture_output=True, text=True, timeout=180
+        [sys.executable, *args],
+        env=env or driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -429,6 +488,62 @@ def test_status_and_report_on_a_table_through_the_cli(fmt: str, data: Path, tmp_
     html = f"/_chute/jobs/{job_id}/report.html"
     assert report.count(html) == 2  # in the report, and the one rewritten now
     assert (_location(sink) / "_chute" / "jobs" / job_id / "report.html").is_file()
+
+
+# --------------------------------------------------------------------------- S3
+
+
+def s3_sink(fmt: str, tmp_path: Path, **kwargs: Any) -> TableSink:
+    """A table in the moto bucket (an Iceberg catalog on local SQLite, its warehouse in
+    the bucket); the endpoint comes from AWS_ENDPOINT_URL, as for any chute location."""
+    if fmt == "iceberg":
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db"}
+        catalog["warehouse"] = "s3://bucket/warehouse"
+        return TableSink(format="iceberg", table="db.preds", catalog=catalog, **kwargs)
+    return TableSink(f"s3://bucket/tables/preds.{fmt}", format=fmt, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_table_on_s3_is_written_read_back_and_resumed_exactly_once(
+    fmt: str, s3: FaultProxy, moto_s3: MotoS3, data: Path, tmp_path: Path
+) -> None:
+    """The table, its data files and chute's _chute/ in the bucket: a driver killed after
+    its second table commit (before chute's confirmation), resumed; each format's reader
+    gives every input row once with the model's values, every unit in one commit."""
+    sink = s3_sink(fmt, tmp_path, commit_seconds=0)
+    path = _job_file(tmp_path / "job.yaml", data, sink)
+    env = driver_env(AWS_ENDPOINT_URL=s3.endpoint)
+    died = _run([str(TABLE_CHAOS), "committed", "2", str(path)], env)
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    assert len(_safe_history(sink)) == 2
+    done = _run(["-m", "chute", "run", str(path), "-q"], env)
+    assert done.returncode == 0, done.stderr
+    _check_chaos(sink)
+    frame, inputs = read_table(sink), pd.read_parquet(data).sort_values("id")
+    np.testing.assert_allclose(frame.m_score, np.sin(inputs.x) * 3.0 + inputs.id % 7)
+    np.testing.assert_array_equal(frame.m_rank, inputs.id * 2 + 1)
+    prefix = "warehouse/db/preds/" if fmt == "iceberg" else f"tables/preds.{fmt}/"
+    keys = list_keys(moto_s3, "bucket", prefix)
+    [job] = {k.split("/")[-2] for k in keys if k.endswith("/job.json")}
+    assert f"{prefix}_chute/jobs/{job}/_SUCCESS" in keys
+    assert any(k.startswith(f"{prefix}_chute/jobs/{job}/ledger/") for k in keys)
+    data_files = [k for k in keys if k.startswith(f"{prefix}data/")]
+    assert len(data_files) >= UNITS
+    status = _cli_env(s3.endpoint, "status", f"s3://bucket/{prefix}")
+    assert f"units committed {UNITS} of {UNITS}" in status and "finished yes" in status
+
+
+def _cli_env(endpoint: str, *args: str) -> str:
+    from click.testing import CliRunner
+
+    from chute.cli import main
+
+    runner = CliRunner(env={"COLUMNS": "200", "AWS_ENDPOINT_URL": endpoint})
+    result = runner.invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.replace("│", " ").split())
 
 
 # --------------------------------------------------------------------------- MiniLM

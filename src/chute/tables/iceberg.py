@@ -119,8 +119,22 @@ def _default_location(catalog: Catalog, namespace: str, name: str) -> str:
     return str(resolve(None, namespace, name)).rstrip("/")
 
 
-def open_table(sink: TableSink) -> Iceberg:
+def catalog_properties(sink: TableSink) -> dict[str, str]:
+    """The catalog's properties as the job gives them, with the job's S3 endpoint and
+    region (its ``storage:`` section, ``AWS_ENDPOINT_URL``) where they do not name their
+    own: pyiceberg reads and writes the table's metadata and footers through them."""
     properties = {k: str(v) for k, v in sink.catalog.items()}
+    storage = sink.storage
+    if storage is not None and storage.endpoint_url:
+        properties.setdefault("s3.endpoint", storage.endpoint_url)
+        properties.setdefault("s3.region", storage.region or "us-east-1")
+    elif storage is not None and storage.region:
+        properties.setdefault("s3.region", storage.region)
+    return properties
+
+
+def open_table(sink: TableSink) -> Iceberg:
+    properties = catalog_properties(sink)
     if "." not in sink.table:
         raise ConfigError(
             f"iceberg table {sink.table!r} needs a namespace: write it like 'db.{sink.table}'."
