@@ -171,3 +171,8 @@ def test_retry_after_and_backoff() -> None:
     assert 25 <= (retry_after(later) or 0) <= 30
     assert backoff(0, 0.5, 3.0) == 3.0  # never sooner than the server asked
     assert all(0 <= backoff(10, 0.5, None) <= 30 for _ in range(100))
+
+
+def test_concurrency_must_be_at_least_one() -> None:
+    with pytest.raises(ConfigError, match="concurrency must be a whole number, at least 1"):
+        adapter("openai", base_url="http://x/v1", model="m", concurrency=0).check()

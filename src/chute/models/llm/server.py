@@ -133,10 +133,13 @@ class OpenAIAdapter(Adapter):
                 f"model type 'openai': the environment variable {name!r} (api_key_env) is not "
                 "set: export it where the job runs."
             )
-        for key in ("concurrency", "max_retries"):
-            value = options.get(key, 1)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"model type 'openai': {key} must be a whole number.")
+        for key, least in (("concurrency", 1), ("max_retries", 0)):
+            value = options.get(key, least)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(
+                    f"model type 'openai': {key} must be a whole number, at least {least}; "
+                    f"got {value!r}."
+                )
         sampling_options(options, SAMPLING)
         structured(options.get("structured"))
 
