@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import chute
@@ -69,12 +70,17 @@ def table_sink(fmt: str, where: Path, **kwargs: Any) -> TableSink:
     return TableSink(str(where / f"preds.{fmt}"), format=fmt, **kwargs)  # type: ignore[arg-type]
 
 
-def job(data: Path, output: chute.Sink, engine: str = "local") -> chute.Job:
+def job(
+    data: Path,
+    output: chute.Sink,
+    engine: str = "local",
+    carryover: tuple[str, ...] = ("id", "tag"),
+) -> chute.Job:
     model = chute.Model("m", Embed(), inputs=("id", "x"), batch_format="numpy", batch_size=200)
     return chute.Job(
         source=chute.FileSource(str(data)),
         models=(model,),
-        carryover=("id", "tag"),
+        carryover=carryover,
         output=output,
         engine=engine,
     )
@@ -337,16 +343,24 @@ def test_an_unfinished_job_is_not_mixed_with_another(fmt: str, data: Path, tmp_p
 # --------------------------------------------------------------------------- kills
 
 
-def _job_file(path: Path, data: Path, sink: TableSink, delay: float = 0.05) -> Path:
+def _job_file(
+    path: Path,
+    data: Path,
+    sink: TableSink,
+    delay: float = 0.05,
+    carryover: tuple[str, ...] = ("id", "tag"),
+) -> Path:
     """A job file (JSON is YAML) writing the chaos model's output to ``sink``'s table."""
     output: dict[str, Any] = {"format": sink.format, "commit_seconds": sink.commit_seconds}
     if sink.format == "iceberg":
         output.update(table=sink.table, catalog=dict(sink.catalog))
     else:
         output["path"] = sink.path
+    if sink.partition_by:
+        output["partition_by"] = list(sink.partition_by)
     spec = {
         "input": str(data),
-        "carryover": ["id", "tag"],
+        "carryover": list(carryover),
         "models": [
             {
                 "name": "m",
@@ -429,6 +443,105 @@ def test_a_driver_killed_at_random_moments_resumes_exactly_once(
     done = _run(["-m", "chute", "run", str(path), "-q"])
     assert done.returncode == 0, done.stderr
     _check_chaos(sink)
+
+
+# --------------------------------------------------------------------------- partitions
+
+START = np.datetime64("2024-03-01T00:00:00", "us")
+
+
+@pytest.fixture(scope="module")
+def dated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chaos data with a pickup time (a minute per id: 4,000 minutes, three days, so
+    units cross midnight) and its date."""
+    directory = make_data(tmp_path_factory.mktemp("tables-dated"), UNITS, ROWS_PER_UNIT)
+    for path in directory.iterdir():
+        table = pq.read_table(path)
+        at = START + table.column("id").to_numpy() * np.timedelta64(1, "m")
+        table = table.append_column("pickup_at", pa.array(at, pa.timestamp("us", tz="UTC")))
+        table = table.append_column("pickup_date", pa.array(at.astype("datetime64[D]")))
+        pq.write_table(table, path)
+    return directory
+
+
+DATED = ("id", "tag", "pickup_at", "pickup_date")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("fmt", "spec"),
+    [("iceberg", "day(pickup_at)"), ("iceberg", "tag"), ("delta", "pickup_date")],
+)
+def test_a_partitioned_table_is_split_by_partition_value_and_resumes_exactly_once(
+    fmt: str, spec: str, dated: Path, tmp_path: Path
+) -> None:
+    """A new table created with a partition spec: every data file holds one partition
+    value; a driver killed after its second commit and resumed; the table's reader gives
+    every row once, the partition columns as the input has them."""
+    from chute.tables import partition_fields, split
+
+    sink = table_sink(fmt, tmp_path, commit_seconds=0, partition_by=(spec,))
+    path = _job_file(tmp_path / "job.yaml", dated, sink, carryover=DATED)
+    died = _run([str(TABLE_CHAOS), "committed", "2", str(path)])
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    assert len(_safe_history(sink)) == 2
+    done = _run(["-m", "chute", "run", str(path), "-q"])
+    assert done.returncode == 0, done.stderr
+    _check_chaos(sink)
+    frame, inputs = read_table(sink), pd.read_parquet(dated).sort_values("id")
+    np.testing.assert_array_equal(frame.m_rank, inputs.id * 2 + 1)
+    np.testing.assert_array_equal(frame.tag, inputs.tag)
+    np.testing.assert_array_equal(frame.pickup_at, inputs.pickup_at)
+    assert [str(d) for d in frame.pickup_date] == [str(d) for d in inputs.pickup_date]
+    fields = partition_fields([spec])
+    if fmt == "iceberg":
+        table = _iceberg(sink)
+        [field] = table.spec().fields
+        assert str(field.transform) == fields[0].transform
+        files = table.inspect.files().column("file_path").to_pylist()
+        values = {str(p) for p in table.inspect.files().column("partition").to_pylist()}
+    else:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(sink.path)
+        assert table.metadata().partition_columns == ["pickup_date"]
+        files = table.file_uris()
+        actions = pa.table(table.get_add_actions(flatten=True))
+        values = set(actions.column("partition.pickup_date").to_pylist())
+    distinct = len(split(pa.Table.from_pandas(inputs), fields))
+    assert len(values) == distinct > 1 and len(files) >= UNITS + distinct - 1
+    for uri in files:  # one partition value in each file
+        stored = pq.read_table(uri.removeprefix("file://"))
+        if fmt == "delta":  # Delta keeps partition values in its log, not in the files
+            assert "pickup_date" not in stored.column_names
+        else:
+            assert len(split(stored, fields)) == 1
+
+
+@pytest.mark.timeout(120)
+def test_partition_specs_a_format_cannot_hold_are_refused() -> None:
+    with pytest.raises(chute.ConfigError, match="lance tables have no partitions"):
+        TableSink("t.lance", format="lance", partition_by=("tag",))
+    with pytest.raises(chute.ConfigError, match="delta tables are partitioned by columns only"):
+        TableSink("t.delta", format="delta", partition_by=("day(pickup_at)",))
+    with pytest.raises(chute.ConfigError, match=r"'bucket\(4, x\)': write a column, or a"):
+        TableSink(format="iceberg", table="db.t", partition_by=("bucket(4, x)",))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+def test_a_table_keeps_its_partitions(fmt: str, dated: Path, tmp_path: Path) -> None:
+    """A job asking for other partitions than the table has is refused before any
+    compute; one that does not say appends split by the table's own."""
+    first = table_sink(fmt, tmp_path, partition_by=("pickup_date",))
+    job(dated / "unit-000.parquet", first, carryover=DATED).run()
+    other = table_sink(fmt, tmp_path, partition_by=("tag",))
+    with pytest.raises(chute.ConfigError, match=r"partitioned by \['pickup_date'\], the job"):
+        job(dated, other, carryover=DATED).run()
+    report = job(dated, table_sink(fmt, tmp_path), carryover=DATED).run()
+    assert report.rows_out == ROWS
+    assert len(read_table(first)) == ROWS + ROWS_PER_UNIT
 
 
 # --------------------------------------------------------------------------- status, report

@@ -32,7 +32,7 @@ from chute.stages import (
     decode,
 )
 from chute.storage import StorageOptions, is_local, make_dir, put, resolve
-from chute.tables import TableSink, part_info
+from chute.tables import TableSink, part_info, partition_fields, partition_values, split
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
@@ -214,6 +214,8 @@ class PartWriter:
             table = part_info(data.schema)
         if isinstance(self.sink, TableSink) and self.sink.format == "lance" and part.num_rows:
             path, size, table = self._put_lance(data)
+        elif isinstance(self.sink, TableSink) and self.sink.partition_by and part.num_rows:
+            path, size, table = self._put_partitioned(data, unit, start)
         else:
             folder = self._folder(errors=False)
             path, size = self._put(data, unit, start, folder) if part.num_rows else ("", 0)
@@ -246,6 +248,20 @@ class PartWriter:
         files = [f for fragment in fragments for f in fragment_files(fragment)]
         info = part_info(data.schema, fragments)
         return files[0][0], sum(size for _, size in files), info
+
+    def _put_partitioned(self, data: pa.Table, unit: int, start: int) -> tuple[str, int, str]:
+        """Write a part as one file per partition value: its first file, bytes, info.
+        Delta keeps partition values in its log, not in the files."""
+        assert isinstance(self.sink, TableSink)
+        fields = partition_fields(self.sink.partition_by)
+        in_log = [f.column for f in fields] if self.sink.format == "delta" else []
+        files = []
+        for piece in split(data, fields):
+            stored = piece.drop_columns(in_log)
+            path, size = self._put(stored, unit, start, self._folder(errors=False))
+            files.append((path, piece.num_rows, size, partition_values(piece, fields)))
+        info = part_info(data.schema, files=files)
+        return files[0][0], sum(f[2] for f in files), info
 
     def _put(self, table: pa.Table, unit: int, start: int, folder: str) -> tuple[str, int]:
         """Write ``table`` whole under a unique name; its path and size."""

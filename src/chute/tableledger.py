@@ -46,6 +46,7 @@ from chute.retry import retrying
 from chute.sinks import output_filesystem
 from chute.storage import append, check, is_local, make_dir
 from chute.tables import (
+    DATA_DIR,
     JOBS_DIR,
     META_DIR,
     DataFile,
@@ -196,7 +197,7 @@ class TableLedger(Ledger):
             raise JobStateError(self._broken)
         schema = self._check(batch)
         token = uuid.uuid4().hex
-        staged = [{**{k: v for k, v in e.items() if k != "table"}, "batch": token} for e in batch]
+        staged = [{**_without_table(e), "batch": token} for e in batch]
         files = [f for e in batch for f in self._data_files(e)]
         super().commit(staged)
         if files:
@@ -268,6 +269,9 @@ class TableLedger(Ledger):
                 for info in infos
                 for fr in info.get("fragments", [])
             ]
+        split = [f for info in infos for f in info.get("files", [])]
+        if split:  # parts written one file per partition value
+            return [DataFile(p, r, b, partition=values) for p, r, b, values in split]
         folder = f"{self.sink.job_dir}/"
         return [DataFile(p, r, b) for p, r, b in entry.get("files", []) if p.startswith(folder)]
 
@@ -345,6 +349,18 @@ class TableLedger(Ledger):
         from chute.storage import put
 
         retrying(lambda: put(self.fs, path, data), f"writing {path}")
+
+
+def _without_table(entry: dict[str, Any]) -> dict[str, Any]:
+    """A unit's ledger line: without the parts' table infos, and naming every data file of
+    a part split by partition value (the record names only its first)."""
+    line = {k: v for k, v in entry.items() if k != "table"}
+    split = [f for info in entry.get("table", []) for f in info.get("files", [])]
+    if split:
+        errors = [f for f in entry.get("files", []) if not f[0].startswith(f"{DATA_DIR}/")]
+        line["files"] = [[p, r, b] for p, r, b, _ in split] + errors
+        line["parts"] = [f[0] for f in line["files"]]
+    return line
 
 
 def table_jobs(fs: pafs.FileSystem, root: str) -> list[TableLedger]:

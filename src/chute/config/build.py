@@ -55,6 +55,7 @@ def _sink(
         table=output.table or "",
         catalog=output.catalog,
         sort_by=tuple(output.sort_by),
+        partition_by=tuple(output.partition_by),
         index=index,
         commit_seconds=output.commit_seconds,
     )

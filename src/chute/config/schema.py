@@ -82,6 +82,9 @@ class OutputConfig(_Strict):
     catalog: dict[str, Any] = {}
     """Iceberg: the catalog's properties (``type: sql``, ``uri``, ``warehouse``, ...)."""
     sort_by: list[str] = []
+    partition_by: list[str] = []
+    """A new table's partitions: columns (Iceberg, Delta) or Iceberg transforms such as
+    ``day(pickup_at)``."""
     index: IndexConfig | None = None
     commit_seconds: float = Field(default=5.0, ge=0)
 

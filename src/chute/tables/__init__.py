@@ -15,6 +15,7 @@ a format's library only when a job uses it, and the schema check on append.
 from __future__ import annotations
 
 import base64
+import datetime
 import importlib
 import json
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chute.errors import ConfigError, DataError
 from chute.job import Sink
@@ -84,6 +86,10 @@ class TableSink(Sink):
     (``type: sql``, ``uri``, ``warehouse``, ...). Never stored or printed."""
     sort_by: tuple[str, ...] = ()
     """Columns each data file is sorted by (and, for a new Iceberg table, its sort order)."""
+    partition_by: tuple[str, ...] = ()
+    """A new table's partitions: columns, or (Iceberg) ``year(c)``, ``month(c)``,
+    ``day(c)``, ``hour(c)``. Workers write one data file per partition value of a part.
+    A table that exists keeps its own partitions (:func:`resolve`)."""
     index: Index | None = None
     """Lance: a vector index built at the end of the run."""
     commit_seconds: float = 5.0
@@ -108,6 +114,20 @@ class TableSink(Sink):
             raise ConfigError(f"a {self.format} output needs `path:` (the table's location).")
         if self.commit_seconds < 0:
             raise ConfigError(f"commit_seconds must be >= 0, got {self.commit_seconds}.")
+        object.__setattr__(self, "partition_by", tuple(self.partition_by))
+        fields = partition_fields(self.partition_by)  # a malformed entry: refused here
+        if fields and self.format == "lance":
+            raise ConfigError(
+                "lance tables have no partitions: leave out `partition_by` (a scalar index "
+                "on the column serves the same filters), or write an iceberg or delta table."
+            )
+        transformed = [f.text for f in fields if f.transform != IDENTITY]
+        if transformed and self.format != "iceberg":
+            raise ConfigError(
+                f"partition_by {', '.join(transformed)}: {self.format} tables are partitioned "
+                "by columns only; add the derived column in the model or preprocess step and "
+                "partition by it."
+            )
         if self.index is not None and self.format != "lance":
             raise ConfigError(
                 f"`index` is built for lance tables only; {self.format} has no vector index."
@@ -128,6 +148,94 @@ class DataFile:
     bytes: int
     fragment: Mapping[str, Any] | None = None
     """Lance: the fragment's metadata (its JSON form), as the worker wrote it."""
+    partition: Mapping[str, str | None] | None = None
+    """Delta: the file's partition values, as the log writes them."""
+
+
+IDENTITY = "identity"
+TRANSFORMS = (IDENTITY, "year", "month", "day", "hour")
+"""The partition transforms chute splits parts by (Iceberg's time transforms; Delta has
+columns only)."""
+
+
+@dataclass(frozen=True)
+class PartitionField:
+    """One field of a partition spec: a column, and how its values group."""
+
+    column: str
+    transform: str = IDENTITY
+
+    @property
+    def text(self) -> str:
+        """As a job writes it: ``column`` or ``day(column)``."""
+        return self.column if self.transform == IDENTITY else f"{self.transform}({self.column})"
+
+
+def partition_fields(spec: Sequence[str]) -> list[PartitionField]:
+    """``["pickup_date", "day(pickup_at)"]`` as fields; anything else a ConfigError."""
+    fields = []
+    for text in spec:
+        name, _, rest = text.strip().partition("(")
+        column, transform = (
+            (rest.removesuffix(")").strip(), name.strip()) if rest else (name, IDENTITY)
+        )
+        if transform not in TRANSFORMS or not column or (rest and not rest.endswith(")")):
+            raise ConfigError(
+                f"partition_by {text!r}: write a column, or a transform of one: "
+                f"{', '.join(f'{t}(column)' for t in TRANSFORMS[1:])}."
+            )
+        fields.append(PartitionField(column, transform))
+    return fields
+
+
+def split(table: pa.Table, fields: Sequence[PartitionField]) -> list[pa.Table]:
+    """``table``'s rows split by partition value, each piece in the rows' order."""
+    if not fields:
+        return [table]
+    for f in fields:
+        if f.column not in table.column_names:
+            raise DataError(
+                f"partition_by names column {f.column!r}, which the job's output does not "
+                f"have (its columns: {', '.join(table.column_names)})."
+            )
+    keys = {f"key{i}": _key(table.column(f.column), f.transform) for i, f in enumerate(fields)}
+    index = pa.table({**keys, "row": pa.array(range(table.num_rows), pa.int64())})
+    groups = index.group_by(list(keys), use_threads=False).aggregate([("row", "list")])
+    rows = groups.column("row_list").combine_chunks()
+    return [table.take(rows[i].values) for i in range(len(rows))]
+
+
+def _key(column: pa.ChunkedArray, transform: str) -> pa.ChunkedArray:
+    """What rows of one partition share: the value, or its UTC year/month/day/hour."""
+    if transform == IDENTITY:
+        return column
+    kind = column.type
+    if not (pa.types.is_timestamp(kind) or pa.types.is_date(kind)):
+        raise DataError(
+            f"partition_by {transform}(...) needs a date or timestamp column; it is {kind}."
+        )
+    if pa.types.is_timestamp(kind) and kind.tz:  # Iceberg's transforms work in UTC
+        column = column.cast(pa.timestamp(kind.unit))
+    return pc.floor_temporal(column, unit=transform)
+
+
+def partition_values(piece: pa.Table, fields: Sequence[PartitionField]) -> dict[str, str | None]:
+    """A piece's value of each identity field, as Delta's log writes partition values."""
+    return {
+        f.column: _partition_text(piece.column(f.column)[0].as_py())
+        for f in fields
+        if f.transform == IDENTITY
+    }
+
+
+def _partition_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, datetime.datetime):
+        return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    return value.isoformat() if isinstance(value, datetime.date) else str(value)
 
 
 class Table(Protocol):
@@ -148,6 +256,10 @@ class Table(Protocol):
 
     def finish(self) -> dict[str, Any]:
         """End of a run (an index to build): what the report says about the table."""
+
+    def partitioning(self) -> tuple[str, ...] | None:
+        """The table's partitions as a job writes them (``day(pickup_at)``), or ``None``
+        while the table does not exist."""
 
 
 def open_table(sink: TableSink) -> Table:
@@ -176,8 +288,30 @@ def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table]:
     table = open_table(sink)
     folder = DATA_DIR if sink.format == "lance" else f"{DATA_DIR}/chute-{job}"
     errors = f"{job_folder(job)}/errors"
-    resolved = replace(sink, path=table.location.rstrip("/"), job_dir=folder, errors_dir=errors)
+    resolved = replace(
+        sink,
+        path=table.location.rstrip("/"),
+        job_dir=folder,
+        errors_dir=errors,
+        partition_by=_partitions(sink, table),
+    )
     return resolved, table
+
+
+def _partitions(sink: TableSink, table: Table) -> tuple[str, ...]:
+    """The partitions parts are split by: the table's own once it exists (the job's
+    ``partition_by`` may repeat them, not change them)."""
+    existing = table.partitioning()
+    if existing is None:
+        return sink.partition_by
+    wanted = tuple(f.text for f in partition_fields(sink.partition_by))
+    if wanted and wanted != existing:
+        raise ConfigError(
+            f"{sink.name} is partitioned by {list(existing) or 'nothing'}, the job asks for "
+            f"{list(wanted)}: chute does not change a table's partitions. Leave out "
+            "`partition_by`, or write to a new table."
+        )
+    return existing
 
 
 # --------------------------------------------------------------------------- schemas
@@ -278,10 +412,16 @@ def commit_meta(job: str, token: str, units: Sequence[int]) -> dict[str, str]:
     return {JOB_KEY: job, BATCH_KEY: token, UNITS_KEY: units_text(units)}
 
 
-def part_info(schema: pa.Schema, fragments: Sequence[Mapping[str, Any]] = ()) -> str:
+def part_info(
+    schema: pa.Schema,
+    fragments: Sequence[Mapping[str, Any]] = (),
+    files: Sequence[Sequence[Any]] = (),
+) -> str:
     """What a part record tells the driver for a table: the part's schema (and the Lance
-    fragments it wrote)."""
+    fragments it wrote, or its files split by partition: path, rows, bytes, values)."""
     info: dict[str, Any] = {"schema": schema_bytes(schema)}
     if fragments:
         info["fragments"] = [dict(f) for f in fragments]
+    if files:
+        info["files"] = [list(f) for f in files]
     return json.dumps(info, separators=(",", ":"))

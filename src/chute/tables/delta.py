@@ -72,7 +72,7 @@ class Delta:
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
         now = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
-            AddAction(f.path, f.bytes, {}, now, True, json.dumps({"numRecords": f.rows}))
+            AddAction(f.path, f.bytes, dict(f.partition or {}), now, True, _stats(f.rows))
             for f in files
         ]
         properties = CommitProperties(custom_metadata=meta)
@@ -83,6 +83,7 @@ class Delta:
                 DeltaSchema.from_arrow(schema),
                 [a for a in actions if isinstance(a, AddAction)],
                 mode="append",
+                partition_by=list(self.sink.partition_by) or None,
                 storage_options=self.options or None,
                 commit_properties=properties,
             )
@@ -91,6 +92,10 @@ class Delta:
             actions, "append", table.schema(), commit_properties=properties
         )
 
+    def partitioning(self) -> tuple[str, ...] | None:
+        table = self._load()
+        return None if table is None else tuple(table.metadata().partition_columns)
+
     def finish(self) -> dict[str, Any]:
         table = self._load()
         return {
@@ -98,6 +103,10 @@ class Delta:
             "location": self.location,
             "version": table.version() if table is not None else None,
         }
+
+
+def _stats(rows: int) -> str:
+    return json.dumps({"numRecords": rows})
 
 
 def _tokens(log: bytes) -> list[str]:

@@ -18,9 +18,18 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.transforms import parse_transform
 
 from chute.errors import ConfigError
-from chute.tables import BATCH_KEY, DataFile, TableSink
+from chute.tables import (
+    BATCH_KEY,
+    IDENTITY,
+    TRANSFORMS,
+    DataFile,
+    PartitionField,
+    TableSink,
+    partition_fields,
+)
 
 COMMIT_ATTEMPTS = 5
 """Tries of one append when another writer commits to the table at the same moment."""
@@ -78,6 +87,23 @@ class Iceberg:
             "snapshot": snapshot.snapshot_id if snapshot is not None else None,
         }
 
+    def partitioning(self) -> tuple[str, ...] | None:
+        table = self._load()
+        if table is None:
+            return None
+        fields = []
+        for spec_field in table.spec().fields:
+            column = table.schema().find_column_name(spec_field.source_id)
+            transform = str(spec_field.transform)
+            if transform not in TRANSFORMS:
+                raise ConfigError(
+                    f"{self.sink.name} is partitioned by {transform}({column}), which chute "
+                    f"cannot split parts by (it can: {', '.join(TRANSFORMS)}). Write to a new "
+                    "table, or append to this one with pyiceberg itself."
+                )
+            fields.append(PartitionField(str(column), transform).text)
+        return tuple(fields)
+
     def _load(self) -> IcebergTable | None:
         if self._table is None:
             try:
@@ -94,12 +120,22 @@ class Iceberg:
         table = self.catalog.create_table_if_not_exists(
             self.sink.table, schema=schema, location=self.location
         )
+        fields = partition_fields(self.sink.partition_by)
+        if fields and table.spec().is_unpartitioned():
+            with table.update_spec() as update:
+                for f in fields:
+                    update.add_field(f.column, parse_transform(f.transform), _name(f))
         if self.sink.sort_by and table.sort_order().is_unsorted:
             with table.update_sort_order() as order:
                 for column in self.sink.sort_by:
                     order.asc(column, _identity())
         self._table = table
         return table
+
+
+def _name(field: PartitionField) -> str:
+    """The partition field's name: the column's, or ``pickup_at_day``."""
+    return field.column if field.transform == IDENTITY else f"{field.column}_{field.transform}"
 
 
 def _identity() -> Any:

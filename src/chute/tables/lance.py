@@ -93,6 +93,9 @@ class Lance:
             self.location, transaction, read_version=version, storage_options=self.options
         )
 
+    def partitioning(self) -> tuple[str, ...] | None:
+        return None if self._load() is None else ()  # a Lance dataset has no partitions
+
     def finish(self) -> dict[str, Any]:
         dataset = self._load()
         report: dict[str, Any] = {"format": "lance", "location": self.location}
