@@ -70,10 +70,13 @@ def read_back(sink: chute.Sink) -> tuple[pa.Table, int, int]:
     return dataset.to_table(), commits, files
 
 
-def run(rows: int, out: Path) -> list[dict[str, Any]]:
-    """The job into each output: seconds, commits, files; the rows checked alike."""
+def run(rows: int, out: Path, commit_seconds: float | None = None) -> list[dict[str, Any]]:
+    """The job into each output: seconds, commits, files; the rows checked alike.
+    ``commit_seconds``: the tables' commit batching, when not the default."""
     results, reference = [], None
     for name, sink in sinks(out).items():
+        if isinstance(sink, TableSink) and commit_seconds is not None:
+            sink = replace(sink, commit_seconds=commit_seconds)
         job = replace(demo_job(str(out), engine="local", rows=rows), output=sink)
         began = time.perf_counter()
         report = job.run()

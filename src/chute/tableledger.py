@@ -183,8 +183,9 @@ class TableLedger(Ledger):
     # ------------------------------------------------------------------ committing
 
     def flush_due(self, waited: float, elapsed: float) -> bool:
-        """A table commit at most every ``commit_seconds``, and every 2% of the run's
-        time so far (up to a minute): about 100 commits however long the run."""
+        """Commit once the last commit is ``commit_seconds`` or 2% of the run's time so
+        far old (``waited``), whichever is longer, at most a minute: about T/5 commits in
+        a run of T ≤ 250 s, 50 + 50·ln(T/250) up to 50 minutes, then one a minute."""
         wait = min(TABLE_BATCH_MAX_SECONDS, max(self.batch_seconds, 0.02 * elapsed))
         return waited >= wait
 
