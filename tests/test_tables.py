@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -601,6 +602,40 @@ def test_status_and_report_on_a_table_through_the_cli(fmt: str, data: Path, tmp_
     html = f"/_chute/jobs/{job_id}/report.html"
     assert report.count(html) == 2  # in the report, and the one rewritten now
     assert (_location(sink) / "_chute" / "jobs" / job_id / "report.html").is_file()
+
+
+def _mark_odd_ids(batch: dict[str, np.ndarray]) -> dict[str, object]:
+    return {"p": batch["id"] * 2.0, "_error": np.where(batch["id"] % 2 == 1, "odd", None)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quarantined_rows_of_a_table_job_are_in_its_folder_and_its_report(
+    fmt: str, data: Path, tmp_path: Path
+) -> None:
+    """Rows a model marks failed go to the job's errors/ folder, not the table; the
+    report's failures and `chute status` count them there."""
+    model = chute.Model("m", _mark_odd_ids, inputs=("id",), batch_format="numpy")
+    sink = table_sink(fmt, tmp_path)
+    report = chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(replace(model, on_error="quarantine"),),
+        carryover=("id",),
+        output=sink,
+    ).run()
+    assert (report.rows_out, report.rows_failed) == (ROWS // 2, ROWS // 2)
+    assert (read_table(sink).id % 2 == 0).all() and len(read_table(sink)) == ROWS // 2
+    job_id = report.fingerprint[:16]
+    folder = _location(sink) / "_chute" / "jobs" / job_id
+    errors = pq.read_table(folder / "errors")
+    assert sorted(errors.column("id").to_pylist()) == list(range(1, ROWS, 2))
+    assert report.failures["rows"] == ROWS // 2
+    assert report.failures["path"].endswith(f"_chute/jobs/{job_id}/errors/")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert sum(f["rows"] for f in manifest["errors"]) == ROWS // 2
+    assert sum(f["rows"] for f in manifest["files"]) == ROWS // 2
+    status = _cli("status", str(_location(sink)))
+    assert f"rows failed {ROWS // 2:,} (in errors/ of the job's folder)" in status
 
 
 # --------------------------------------------------------------------------- S3
