@@ -8,6 +8,8 @@
       concurrency: 16                      # requests in flight per replica
       timeout: 60                          # seconds per request
       max_retries: 8
+      backoff: 0.5                         # seconds, doubling per try (with jitter) ...
+      backoff_max: 30                      # ... up to this
       temperature: 0
       max_tokens: 64
 
@@ -51,6 +53,7 @@ OWN = (
     "timeout",
     "max_retries",
     "backoff",
+    "backoff_max",
     "headers",
     "extra_body",
     "sampling",
@@ -93,6 +96,7 @@ class OpenAIAdapter(Adapter):
         self.concurrency = int(options.get("concurrency", 16))
         self.max_retries = int(options.get("max_retries", 8))
         self.backoff = float(options.get("backoff", 0.5))
+        self.backoff_max = float(options.get("backoff_max", BACKOFF_MAX))
         self.extra_body = dict(options.get("extra_body") or {})
         headers = dict(options.get("headers") or {})
         if options.get("api_key_env"):
@@ -229,7 +233,7 @@ class OpenAIAdapter(Adapter):
                     "answers."
                 )
             self.counted["retries"] = self.counted.get("retries", 0.0) + 1
-            time.sleep(backoff(attempt, self.backoff, wait))
+            time.sleep(backoff(attempt, self.backoff, wait, self.backoff_max))
             attempt += 1
 
     def __del__(self) -> None:
@@ -238,10 +242,12 @@ class OpenAIAdapter(Adapter):
             pool.shutdown(wait=False)
 
 
-def backoff(attempt: int, base: float, retry_after: float | None) -> float:
+def backoff(
+    attempt: int, base: float, retry_after: float | None, most: float = BACKOFF_MAX
+) -> float:
     """Seconds before try ``attempt + 1``: exponential from ``base`` with full jitter,
-    at most :data:`BACKOFF_MAX`, and never less than the server's ``Retry-After``."""
-    delay = random.uniform(0, min(BACKOFF_MAX, base * 2**attempt))
+    at most ``most``, and never less than the server's ``Retry-After``."""
+    delay = random.uniform(0, min(most, base * 2**attempt))
     return max(delay, retry_after or 0.0)
 
 
