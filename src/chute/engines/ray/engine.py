@@ -15,11 +15,12 @@ from chute.engines.ray.operators import (
     PreprocessTask,
     UnitDatasource,
     in_object_store,
+    read_groups,
 )
 from chute.engines.ray.release import drop_frames, released
 from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable
 from chute.engines.ray.watchdog import Stalled, Watchdog
-from chute.engines.resources import Cluster, StageResources, plan_resources
+from chute.engines.resources import Cluster, StageResources, plan_resources, read_cpus
 from chute.errors import ChuteError
 from chute.plan import Plan, Reader, StagePlan
 from chute.raydata import quiet_data
@@ -55,10 +56,13 @@ class RayEngine:
             init_ray(self.address, verbose=False)
             found = cluster()
             return plan_resources(models, found), (
-                f"Ray cluster with {found.cpus:g} CPUs, {found.gpus:g} GPUs"
+                f"Ray cluster with {found.describe()}; reads take {read_cpus(found):g} CPU each"
             )
         here = Cluster(cpus=float(os.cpu_count() or 1))
-        return plan_resources(models, here), f"a local Ray on this machine ({here.cpus:g} CPUs)"
+        return plan_resources(models, here), (
+            f"a local Ray on this machine ({here.cpus:g} CPUs; reads take {read_cpus(here):g} "
+            "CPU each)"
+        )
 
     def resources(self, plan: Plan) -> list[StageResources]:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
@@ -66,15 +70,17 @@ class RayEngine:
 
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
         resources = self.resources(plan)
+        found = cluster()
         totals: dict[str, dict[str, float]] = {}
         watchdog = Watchdog(
-            cluster(),
+            found,
             min(r.cpus for r in resources),
             waiting=lambda note: commit([], None, status=note),
         )
         try:
-            with released(), quiet_data(self.verbose), watchdog:
-                self._stream(self._dataset(plan, resources), commit, totals, watchdog.progress)
+            with released(lambda: watchdog.error is None), quiet_data(self.verbose), watchdog:
+                dataset = self._dataset(plan, resources, read_cpus(found))
+                self._stream(dataset, commit, totals, watchdog.progress)
         except Stalled:
             assert watchdog.error is not None
             raise watchdog.error from None
@@ -112,7 +118,9 @@ class RayEngine:
                 raise
             raise error from exc
 
-    def _dataset(self, plan: Plan, resources: list[StageResources]) -> Any:
+    def _dataset(self, plan: Plan, resources: list[StageResources], reads: float) -> Any:
+        """The plan as Ray Data operators; read tasks (and what fuses into them) ask for
+        ``reads`` CPUs each."""
         import ray
 
         reader, units = plan.reader, plan.pending
@@ -121,7 +129,9 @@ class RayEngine:
         elif isinstance(plan.source, DatasetSource):  # its blocks are in the store already
             reader = Reader(ObjectStoreSource(plan.source.schema()), plan.read_columns)
         dataset = ray.data.read_datasource(
-            UnitDatasource(reader, units), override_num_blocks=len(units)
+            UnitDatasource(reader, units),
+            override_num_blocks=len(read_groups(units)),
+            num_cpus=reads,
         )
         pre = plan.preprocess
         if pre is not None:
@@ -132,7 +142,7 @@ class RayEngine:
                 PreprocessTask(spec, list(pre.inputs), list(pre.protected)),
                 batch_size=None,
                 batch_format="pyarrow",
-                num_cpus=pre.cpus_each,
+                num_cpus=reads if pre.copies is None else pre.cpus_each,
                 zero_copy_batch=True,
                 **limit,
             )
@@ -144,7 +154,7 @@ class RayEngine:
                     PrepareTask(PrepareStage(stage.model, stage.inputs, step)),
                     batch_size=None,
                     batch_format="pyarrow",
-                    num_cpus=1.0,
+                    num_cpus=reads,
                     zero_copy_batch=True,
                 )
             dataset = self._model_stage(dataset, stage, res, plan.output if last else None)

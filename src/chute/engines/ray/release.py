@@ -24,7 +24,7 @@ the operator's name, which holds ``ModelActor`` for chute's model stages)."""
 
 
 @contextmanager
-def released() -> Iterator[None]:
+def released(wait: Callable[[], bool] = lambda: True) -> Iterator[None]:
     """On the way out of a run, finished or failed, wait until its actors have exited and
     their CPUs and GPUs are free again, so that the next run in this process (a notebook,
     a test) never finds them taken: its reads would starve.
@@ -33,7 +33,9 @@ def released() -> Iterator[None]:
     ends the actors asynchronously; on a loaded machine that can take many seconds. The
     wait is for this driver's pool actors to be dead in Ray's actor table, then for the
     free CPUs and GPUs to be at least what they were when the run started (both bounded:
-    a slow cluster delays the return, never fails the job).
+    a slow cluster delays the return, never fails the job). No wait where ``wait()`` says
+    so at the end: a run stopped because the cluster lost nodes would wait for actors
+    that cannot start, and for CPUs that are gone.
     """
     import ray
 
@@ -47,8 +49,9 @@ def released() -> Iterator[None]:
         raise
     finally:
         gc.collect()  # Ray Data's executor and operators hold each other: a cycle to free
-        _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
-        _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
+        if wait():
+            _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
+            _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
 
 
 def _free(available: Mapping[str, float]) -> dict[str, float]:

@@ -234,7 +234,12 @@ class Watchdog:
 
 
 def _shapes(shapes: Sequence[Mapping[str, float]]) -> str:
-    """``{CPU: 1}, {CPU: 1, GPU: 1}``."""
-    return ", ".join(
-        "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shape.items())) + "}" for shape in shapes
-    )
+    """``{CPU: 1}, {CPU: 1, GPU: 1, memory: 1.2 MiB}``."""
+    return ", ".join("{" + ", ".join(_amounts(shape)) + "}" for shape in shapes)
+
+
+def _amounts(shape: Mapping[str, float]) -> list[str]:
+    return [
+        f"{k}: {v / 2**20:.1f} MiB" if k == "memory" else f"{k}: {v:g}"
+        for k, v in sorted(shape.items())
+    ]

@@ -1,0 +1,209 @@
+"""Cluster shapes and lost nodes on real multi-node Ray clusters (``ray start`` on loopback):
+any shape starts, a lost node never hangs a job, and every row lands exactly once.
+
+Each test starts its own small cluster (a few seconds) and runs ``chute run`` as a user
+would. The stall bound is lowered to a few seconds (``CHUTE_STALL_SECONDS``); Ray's own
+wait before it declares a killed node dead is shortened the same way. Longer random-kill
+trials are ``benchmarks/chaos_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.loopback_cluster import LoopbackCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+FILES, ROWS = 16, 40_000
+"""Units too big to share a read task (two would pass GROUP_ROWS): one task and one model
+call each, so that reads are still pending while the first units commit."""
+MODEL = """
+import time
+
+import numpy as np
+
+
+def slow_tip(batch):
+    time.sleep({sleep})  # a model with real work per batch: the run is still going when a node dies
+    return {{"score": np.asarray(batch["passenger_count"]) * 10 + 1}}
+"""
+JOB = """
+input: ../data
+carryover: [trip_id]
+models:
+  - name: tip
+    fn: "model:slow_tip"
+    inputs: [passenger_count]
+    batch_format: numpy
+output: ../out
+"""
+RAY_FAST_DEATH = {  # a killed node is declared dead in about 2 s, not about 30
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+}
+
+
+def _job(tmp_path: Path, sleep: float, cpus: float | None = None) -> Path:
+    """``cpus`` per model replica: other than a read task's, Ray Data runs the reads as
+    tasks of their own (with the same, it fuses them into the model's actors)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(FILES):
+        ids = pa.array(range(i * ROWS, (i + 1) * ROWS), pa.int64())
+        passengers = pa.array(np.arange(ROWS) % 5, pa.int64())
+        table = pa.table({"trip_id": ids, "passenger_count": passengers})
+        pq.write_table(table, data / f"{i:03d}.parquet")
+    code = tmp_path / "job"
+    code.mkdir()
+    (code / "model.py").write_text(MODEL.format(sleep=sleep))
+    given = "" if cpus is None else f"    resources: {{cpus: {cpus}}}\n"
+    (code / "job.yaml").write_text(JOB.replace("output:", given + "output:"))
+    return code / "job.yaml"
+
+
+def _start(root: Path, head_cpus: int, workers: list[int]) -> LoopbackCluster:
+    """A cluster whose temp dir is short: Ray's socket paths must fit in 107 bytes."""
+    cluster = LoopbackCluster(root, head_cpus=head_cpus)
+    cluster.env.update(RAY_FAST_DEATH)
+    cluster.start()
+    for cpus in workers:
+        cluster.add_node(cpus=cpus)
+    return cluster
+
+
+@pytest.fixture
+def ray_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rc")
+
+
+@pytest.fixture
+def clusters() -> Iterator[list[LoopbackCluster]]:
+    started: list[LoopbackCluster] = []
+    try:
+        yield started
+    finally:
+        for cluster in started:
+            cluster.stop()
+
+
+def _chute(job: Path, cluster: LoopbackCluster, stall: float = 8) -> subprocess.Popen[str]:
+    env = {**cluster.env, "RAY_ADDRESS": cluster.address, "CHUTE_STALL_SECONDS": str(stall)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "chute", "run", str(job), "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _finish(run: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+    out, err = run.communicate(timeout=timeout)
+    return run.returncode, " ".join((out + err).split())
+
+
+def _committed(out: Path) -> list[str]:
+    ledger = out / "_chute" / "ledger.jsonl"
+    if not ledger.exists():
+        return []
+    return [json.loads(line)["unit"] for line in ledger.read_text().splitlines() if line]
+
+
+def _wait_for_commits(out: Path, count: int, run: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 240
+    while len(_committed(out)) < count:
+        assert run.poll() is None, _finish(run)
+        assert time.monotonic() < deadline, "no commits"
+        time.sleep(0.2)
+
+
+def _exactly_once(tmp_path: Path) -> None:
+    """Every row once, with its prediction; the ledger names every unit once (a unit's
+    line after a resume is not a second commit of it: the run skipped it)."""
+    table = pq.read_table(tmp_path / "out", columns=["trip_id", "tip_score"])
+    ids = table.column("trip_id").to_pylist()
+    assert sorted(ids) == list(range(FILES * ROWS))
+    expected = np.asarray(ids) % ROWS % 5 * 10 + 1  # the model's answer for each row
+    assert (table.column("tip_score").to_numpy() == expected).all()
+    units = _committed(tmp_path / "out")
+    assert len(units) == len(set(units)) == FILES
+
+
+@pytest.mark.timeout(300)
+def test_one_node_with_one_cpu_runs_the_job(
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
+) -> None:
+    """Reads and the model actor share the only CPU: half each (a read asked for a whole
+    one beside the actor's half, and the job never started)."""
+    job = _job(tmp_path, sleep=0.0)
+    clusters.append(cluster := _start(ray_dir, head_cpus=1, workers=[]))
+    code, text = _finish(_chute(job, cluster))
+    assert code == 0, text
+    _exactly_once(tmp_path)
+
+
+@pytest.mark.timeout(400)
+def test_a_worker_killed_while_reads_are_pending_stops_with_the_reason_and_resumes(
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
+) -> None:
+    """The hang of issue 18: the worker dies, the model actor restarts on the 1-CPU head
+    and takes its CPU, the reads wait for one. The watchdog stops the run (exit 7, what is
+    pending, the node lost); the same command resumes on what is left and finishes."""
+    job = _job(tmp_path, sleep=0.5, cpus=0.5)
+    clusters.append(cluster := _start(ray_dir, head_cpus=1, workers=[1]))
+    run = _chute(job, cluster)
+    _wait_for_commits(tmp_path / "out", 2, run)
+    assert cluster.kill_node(cluster.nodes[1]) > 0
+    code, text = _finish(run)
+    before = set(_committed(tmp_path / "out"))
+    if code == 0:  # Ray rescheduled before the actor took the CPU: finished, which is fine
+        _exactly_once(tmp_path)
+        return
+    assert code == 7, text
+    assert "no progress for 8 s: Ray has {CPU: 1" in text  # a read task: 1 CPU (and memory)
+    assert "lost since the start: 127.0.0.3: 1 CPU" in text
+    assert "run the same command again; it resumes" in text
+    assert "Traceback" not in text
+    code, text = _finish(_chute(job, cluster))
+    assert code == 0, text
+    _exactly_once(tmp_path)
+    assert before <= set(_committed(tmp_path / "out"))
+
+
+@pytest.mark.timeout(400)
+def test_no_cpu_left_stops_the_run_and_a_resume_finishes_once_a_node_returns(
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
+) -> None:
+    """A head without CPUs and one worker: the worker dies mid-run and no CPU is left.
+    The watchdog says so (exit 7); a node joins; the same command finishes the job, and
+    the units committed before the loss are not computed again."""
+    job = _job(tmp_path, sleep=0.5)
+    clusters.append(cluster := _start(ray_dir, head_cpus=0, workers=[1]))
+    run = _chute(job, cluster)
+    _wait_for_commits(tmp_path / "out", 2, run)
+    cluster.kill_node(cluster.nodes[1])
+    code, text = _finish(run)
+    assert code == 7, text
+    assert "The cluster has 0 CPUs, 0 GPUs on 1 node (127.0.0.2: 0 CPU)" in text
+    assert "lost since the start: 127.0.0.3: 1 CPU" in text
+    committed = set(_committed(tmp_path / "out"))
+    assert 2 <= len(committed) < FILES
+    parts = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.parquet")}
+    cluster.add_node(cpus=2)  # a node returns (on the next loopback address)
+    code, text = _finish(_chute(job, cluster))
+    assert code == 0, text
+    _exactly_once(tmp_path)
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.parquet")}
+    assert all(after.get(name) == stamp for name, stamp in parts.items() if name in after)
