@@ -10,6 +10,7 @@ trials are ``benchmarks/chaos_cluster.py``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -176,6 +177,9 @@ def test_a_worker_killed_while_reads_are_pending_stops_with_the_reason_and_resum
     assert "lost since the start: 127.0.0.3: 1 CPU" in text
     assert "run the same command again; it resumes" in text
     assert "Traceback" not in text
+    assert "(raylet)" not in text  # Ray's own lines go to a file the error names
+    log = Path(re.search(r"Ray's own messages: (\S+)\.(?: |$)", text).group(1))  # type: ignore[union-attr]
+    assert "127.0.0.3" in log.read_text()  # what Ray said about the node it lost
     code, text = _finish(_chute(job, cluster))
     assert code == 0, text
     _exactly_once(tmp_path)

@@ -18,7 +18,7 @@ from chute.engines.ray.operators import (
     read_groups,
 )
 from chute.engines.ray.release import drop_frames, released
-from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable
+from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable, ray_log
 from chute.engines.ray.watchdog import Stalled, Watchdog
 from chute.engines.resources import Cluster, StageResources, plan_resources, read_cpus
 from chute.errors import ChuteError
@@ -76,6 +76,7 @@ class RayEngine:
             found,
             min(r.cpus for r in resources),
             waiting=lambda note: commit([], None, status=note),
+            log_note="" if self.verbose else f" Ray's own messages: {ray_log()}.",
         )
         try:
             with released(lambda: watchdog.error is None), quiet_data(self.verbose), watchdog:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -74,8 +75,30 @@ def init_ray(
             "as printed by 'ray start --head') and that the cluster is up, or unset RAY_ADDRESS "
             "to run locally."
         ) from exc
+    if not verbose:
+        ray_lines_to(ray_log())
     _shipped["working_dir"] = wanted if isinstance(wanted, str) and "://" not in wanted else None
     return _shipped["working_dir"]
+
+
+def ray_log() -> str:
+    """The file this driver's Ray messages go to without ``--verbose``."""
+    return os.path.join(tempfile.gettempdir(), "chute", f"ray-{os.getpid()}.log")
+
+
+def ray_lines_to(path: str) -> None:
+    """Send the lines Ray's driver prints about the cluster (``(raylet) … has been marked
+    dead``, ``… infinite retries remaining``) to ``path`` instead of the terminal: Ray
+    prints them from a thread of its own, through one function of its worker module."""
+    from ray._private import worker
+
+    def to_file(data: dict[str, Any], ignore_prefix: bool) -> None:
+        with open(path, "a", encoding="utf-8") as log_file:
+            worker.print_worker_logs(data, log_file, ignore_prefix)
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if hasattr(worker, "print_to_stdstream") and hasattr(worker, "print_worker_logs"):
+        worker.print_to_stdstream = to_file
 
 
 def job_runtime_env(plan: Plan) -> dict[str, Any]:

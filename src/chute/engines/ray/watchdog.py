@@ -123,6 +123,8 @@ class Watchdog:
     bound: float = field(default_factory=stall_seconds)
     poll: float = POLL_SECONDS
     probe: Callable[[float], Sample] = sample
+    log_note: str = ""
+    """Where Ray's own messages went, for the error (``" Ray's messages: …"``)."""
     error: StallError | None = None
     _last: float = field(default_factory=time.monotonic)
     _since: float | None = None
@@ -218,7 +220,7 @@ class Watchdog:
         return (
             f"{text}. Committed units are kept: add a node (or CPUs), then run the same "
             "command again; it resumes and plans against the cluster as it is then. "
-            "CHUTE_STALL_SECONDS sets how long to wait."
+            f"CHUTE_STALL_SECONDS sets how long to wait.{self.log_note}"
         )
 
     def _raise_in_target(self) -> None:
