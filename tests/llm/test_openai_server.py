@@ -155,7 +155,16 @@ def test_the_server_killed_and_restarted_mid_job(
     server: Server, shared_llm: Any, tmp_path: Path
 ) -> None:
     gated = Preprocess(gate, inputs=("id",))
-    job = server_job(server, tmp_path, PROMPTS, gated, concurrency=2, max_retries=40, backoff=0.5)
+    job = server_job(
+        server,
+        tmp_path,
+        PROMPTS,
+        gated,
+        concurrency=2,
+        max_retries=10_000,  # the restart may take minutes on a loaded machine
+        backoff=0.2,
+        backoff_max=1.0,
+    )
     outcome: dict[str, Any] = {}
 
     def run() -> None:
