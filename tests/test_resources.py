@@ -14,6 +14,7 @@ from chute.engines.resources import (
     StageResources,
     gpu_slots,
     local_replicas,
+    local_threads,
     plan_resources,
     read_cpus,
 )
@@ -310,3 +311,78 @@ def test_cluster_nodes_from_ray() -> None:
     cluster = Cluster.from_ray({"CPU": 2.0}, [alive, dead])
     assert cluster.nodes == (Node("127.0.0.3", 2.0),)
     assert cluster.describe() == "2 CPUs, 0 GPUs on 1 node (127.0.0.3: 2 CPU)"
+
+
+# -- intra-op threads follow the cluster, not the CPU token ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cluster", "specs", "threads"),
+    [
+        # one 1-CPU actor beside the read reserve: both CPUs as threads (Ray's token: 1)
+        pytest.param(Cluster(cpus=2), [{}], [2], id="2-cpus-one-model"),
+        pytest.param(Cluster(cpus=2), [{}, {}], [1, 1], id="2-cpus-two-models"),
+        pytest.param(Cluster(cpus=16), [{}], [1], id="16-cpus-fifteen-replicas"),
+        pytest.param(Cluster(cpus=16), [{"pool": Pool.fixed(2)}], [8], id="16-cpus-fixed-2"),
+        # three replicas of 4 CPUs: the 16 CPUs shared, 5 threads each
+        pytest.param(Cluster(cpus=16), [{"resources": Resources(cpus=4)}], [5], id="cpus-4"),
+        pytest.param(
+            Cluster(cpus=16, nodes=(Node("a", 4), Node("b", 12))),
+            [{"pool": Pool.fixed(1)}],
+            [12],
+            id="never-more-than-a-node",
+        ),
+        pytest.param(Cluster(cpus=1), [{}], [1], id="1-cpu"),
+        # one GPU, one replica: the node's CPUs for its CPU side
+        pytest.param(Cluster(cpus=8, gpus=1), [{"resources": Resources(gpus=1)}], [8], id="gpu"),
+    ],
+)
+def test_threads_share_the_clusters_cpus_among_the_replicas(
+    cluster: Cluster, specs: list[dict[str, Any]], threads: list[int]
+) -> None:
+    plan = plan_resources(_models(*specs), cluster)
+    assert [s.threads for s in plan] == threads
+    assert sum(s.threads * s.max for s in plan) <= max(cluster.cpus, len(plan))
+
+
+def test_local_threads_share_the_cores_among_every_models_replicas() -> None:
+    assert local_threads(_models({}), cores=2) == [2]
+    assert local_threads(_models({}, {}), cores=2) == [1, 1]  # was 2 each: 4 on 2 cores
+    assert local_threads(_models({"pool": Pool(min=1, max=4)}), cores=2) == [1]  # 2 replicas
+    assert local_threads(_models({}, {"resources": Resources(cpus=3)}), cores=8) == [2, 6]
+
+
+class TorchThreads:
+    """A user's class that uses torch but never sets its threads: it reports torch's."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        return {"threads": np.full(len(batch["x"]), torch.get_num_threads())}
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_a_ray_actor_runs_on_the_planned_threads_not_its_cpu_token(
+    ray_session: Any, tmp_path: Any
+) -> None:
+    """On 2 CPUs the one model actor holds a 1-CPU token (Ray sets OMP_NUM_THREADS=1 from
+    it) and gets 2 threads from the plan: torch in the user's class sees 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import chute
+
+    pq.write_table(pa.table({"x": [1.0, 2.0, 3.0]}), tmp_path / "in.parquet")
+    model = Model("m", TorchThreads, inputs=["x"], batch_format="numpy")
+    job = chute.Job(
+        chute.FileSource(str(tmp_path / "in.parquet")),
+        (model,),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="ray",
+    )
+    planned = plan_resources([model], Cluster(cpus=2))
+    assert [s.threads for s in planned] == [2]
+    job.run()
+    assert set(pq.read_table(tmp_path / "out").column("m_threads").to_pylist()) == {2}

@@ -96,6 +96,7 @@ def _stage_cells(stage: StagePlan, res: StageResources) -> dict[str, RenderableT
         "batch rows": f"{stage.batch_rows:,}" + (" (auto)" if model.batch_size.auto else ""),
         "batch format": stage.batch_format,
         "cpus / gpus": f"{res.cpus:g} / {res.gpus:g} per replica",
+        "threads": f"{res.threads} per replica",
         "memory": f"{res.memory / 2**30:.1f} GiB" if res.memory else "-",
         "pool": f"{res.min:,}" if res.min == res.max else f"{res.min:,}–{res.max:,}",
         "timeout": f"{model.timeout:g} s per batch" if model.timeout else "none",

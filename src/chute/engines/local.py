@@ -24,7 +24,13 @@ from functools import partial
 import pyarrow as pa
 
 from chute.engines import Commit, EngineOptions
-from chute.engines.resources import StageResources, check_local, gpu_slots, local_replicas
+from chute.engines.resources import (
+    StageResources,
+    check_local,
+    gpu_slots,
+    local_replicas,
+    local_threads,
+)
 from chute.job import Model
 from chute.plan import Plan, StagePlan
 from chute.report import StageStats, add_counters
@@ -203,7 +209,10 @@ class LocalEngine:
 
     def stage_resources(self, plan: Plan) -> tuple[list[StageResources], str]:
         """Each model's replicas are threads here, with the CPUs and GPUs it asks for."""
-        stages = [_local_resources(s.model) for s in plan.stages]
+        models = [s.model for s in plan.stages]
+        stages = [
+            _local_resources(m, t) for m, t in zip(models, local_threads(models), strict=True)
+        ]
         return stages, "the local engine: replicas are threads in this process"
 
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
@@ -228,6 +237,9 @@ class _Run:
         self._units: Iterator[Unit] = iter(plan.pending)
         self._units_lock = threading.Lock()
         self.readers = readers = max(1, min(readers, len(plan.pending)))
+        models = [s.model for s in plan.stages]
+        self.intra_op = {m.name: t for m, t in zip(models, local_threads(models), strict=True)}
+        """Each model's intra-op threads (a replica's share of this machine's cores)."""
         channel = self._channel(readers)
         self._spawn("read", readers, partial(self._read, channel))
         channel = self._preprocess(channel)
@@ -310,7 +322,9 @@ class _Run:
         gpu: Callable[[], int | None],
     ) -> None:
         try:
-            model = ModelStage(stage.model, stage.inputs, gpu=gpu())
+            model = ModelStage(
+                stage.model, stage.inputs, gpu=gpu(), threads=self.intra_op[stage.model.name]
+            )
             try:
                 self._serve(stage, model, batches, out)
             finally:
@@ -379,9 +393,10 @@ class _Run:
             raise self.errors[0]
 
 
-def _local_resources(model: Model) -> StageResources:
+def _local_resources(model: Model, threads: int) -> StageResources:
     replicas = local_replicas(model)
-    resources = model.resources
+    res = model.resources
+    cpus = res.cpus or 1.0
     return StageResources(
-        model.name, resources.cpus or 1.0, resources.gpus, resources.memory, replicas, replicas
+        model.name, cpus, res.gpus, res.memory, replicas, replicas, threads=threads
     )

@@ -14,7 +14,12 @@ into what is left:
   were given explicitly and still do not fit are refused with a ResourceError;
 * a replica must fit on one node (its CPUs and GPUs together): where none has room, CPUs
   that were not given are lowered to the largest such node's, else the job is refused
-  naming the nodes; a cluster without CPUs is refused before anything runs.
+  naming the nodes; a cluster without CPUs is refused before anything runs;
+* a replica's intra-op threads (torch, ONNX Runtime, BLAS) come from what the cluster
+  has, not from its CPU token (:func:`plan_threads`): the reserve is a scheduling token
+  too, and reads rarely keep it busy, so the pools' threads together cover every CPU.
+  Ray sets ``OMP_NUM_THREADS`` to an actor's whole CPUs (one for a fraction): a 1-CPU
+  model actor on a 2-CPU machine ran single-threaded beside an idle CPU.
 
 The plan is made against the cluster as it is when a run starts; a cluster that loses
 nodes mid-run is watched by :mod:`chute.engines.ray.watchdog`, and the next run plans
@@ -121,6 +126,8 @@ class StageResources:
     min: int
     max: int
     note: str = ""
+    threads: int = 1
+    """Intra-op threads of each replica (torch, ONNX Runtime, BLAS): see :func:`plan_threads`."""
 
 
 def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources]:
@@ -138,12 +145,33 @@ def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources
     if needed > budget + 1e-9:
         cpus, scaled = _scale(models, cpus, sizes, budget, cluster.reserve)
         notes = [s or n for s, n in zip(scaled, notes, strict=True)]
+    threads = plan_threads(models, cpus, sizes, cluster)
     return [
         StageResources(
-            m.name, round(c, 4), m.resources.gpus, m.resources.memory, m.pool.min, n, note
+            m.name, round(c, 4), m.resources.gpus, m.resources.memory, m.pool.min, n, note, t
         )
-        for m, c, n, note in zip(models, cpus, sizes, notes, strict=True)
+        for m, c, n, note, t in zip(models, cpus, sizes, notes, threads, strict=True)
     ]
+
+
+def plan_threads(
+    models: Sequence[Model], cpus: Sequence[float], sizes: Sequence[int], cluster: Cluster
+) -> list[int]:
+    """Intra-op threads per replica: the cluster's CPUs shared among the replicas of every
+    pool at its largest, in proportion to their CPUs, whole and at least one, never more
+    than a node has; CPUs a user gave are a floor.
+
+    One model on 2 CPUs: one 1-CPU replica (the other CPU kept for reads) with 2 threads.
+    On 16: fifteen replicas with one thread each. A replica of ``cpus: 4``: 4 threads.
+    """
+    largest = max((n.cpus for n in cluster.nodes), default=cluster.cpus)
+    total = sum(c * n for c, n in zip(cpus, sizes, strict=True))
+    threads = []
+    for model, token in zip(models, cpus, strict=True):
+        share = token * cluster.cpus / total if total > 0 else 1.0
+        floor = model.resources.cpus or 1.0
+        threads.append(max(1, int(min(max(share, floor), max(largest, 1.0)) + 1e-9)))
+    return threads
 
 
 def _fit_node(model: Model, cpus: float, cluster: Cluster) -> float:
@@ -215,6 +243,19 @@ def _scale(
 def _floor4(cpus: float) -> float:
     """Round down to Ray's 0.0001 CPU granularity: rounding up would eat the read reserve."""
     return math.floor(cpus * 10_000 + 1e-6) / 10_000
+
+
+def local_threads(models: Sequence[Model], cores: int | None = None) -> list[int]:
+    """Intra-op threads per replica thread of each model on the local engine: this
+    machine's cores shared among every model's replicas, as :func:`plan_threads` does for
+    a cluster (two torch models on 2 cores: one thread each, not two each on two cores).
+
+    torch's setting is process-wide: where models differ, the last replica to load sets it
+    for all (each model's adapter asks for its own, the sum never above the cores)."""
+    cores = cores or os.cpu_count() or 1
+    sizes = [local_replicas(m, cores) for m in models]
+    cpus = [m.resources.cpus or 1.0 for m in models]
+    return plan_threads(models, cpus, sizes, Cluster(cpus=float(cores)))
 
 
 def local_replicas(model: Model, cores: int | None = None) -> int:

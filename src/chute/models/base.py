@@ -9,6 +9,7 @@ columns. It returns a mapping of output column (without the model-name prefix) t
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,6 +30,9 @@ class ReplicaContext:
     gpu: int | None = None
     """The GPU this replica uses on the local engine, which spreads replicas over the
     machine's GPUs; ``None`` on Ray, where the replica sees only the GPU Ray gave it."""
+    planned_threads: int | None = None
+    """Intra-op threads the engine planned for this replica from the cluster (see
+    :func:`chute.engines.resources.plan_threads`); ``None``: from its CPUs."""
 
     @property
     def device(self) -> str:
@@ -39,9 +43,28 @@ class ReplicaContext:
 
     @property
     def threads(self) -> int:
-        """Intra-op threads matched to the replica's CPUs (at least one)."""
+        """Intra-op threads: as planned by the engine, else matched to the replica's CPUs
+        (at least one)."""
+        if self.planned_threads is not None:
+            return max(1, self.planned_threads)
         cpus = self.resources.cpus if self.resources.cpus is not None else os.cpu_count() or 1
         return max(1, int(cpus))
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""What BLAS and OpenMP libraries read, once, when they load."""
+
+
+def limit_threads(threads: int) -> None:
+    """Give this process's numeric libraries ``threads`` intra-op threads: the variables
+    that libraries loaded later read, and torch's setting if torch is loaded (a user's
+    class that uses torch, but never sets its threads, runs on what Ray gave an actor:
+    ``OMP_NUM_THREADS=1`` for one CPU or less)."""
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 ROW = "__chute_row"

@@ -55,12 +55,15 @@ class ModelStage:
         target: Any = None,
         ctor: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
         gpu: int | None = None,
+        threads: int | None = None,
     ) -> None:
         """``target`` and ``ctor`` replace ``model.fn`` and its arguments when an engine
         ships them separately (on Ray: through the object store, once); ``gpu`` is the
-        local GPU a replica of the local engine uses (see :class:`ReplicaContext`)."""
+        local GPU a replica of the local engine uses, ``threads`` the intra-op threads the
+        engine planned for it (see :class:`ReplicaContext`)."""
         self.name = model.name
         self._gpu = gpu
+        self._threads = threads
         self.inputs = list(inputs)
         self.batch_format: BatchFormat = model.batch_format
         self.on_error = model.on_error
@@ -111,7 +114,7 @@ class ModelStage:
         self.batch_format = "pyarrow"
         self._prepared = f"{PREPARED}{model.name}__"
         try:
-            return spec.build(ReplicaContext(model.name, model.resources, self._gpu))
+            return spec.build(ReplicaContext(model.name, model.resources, self._gpu, self._threads))
         except ChuteError:
             raise
         except Exception as exc:

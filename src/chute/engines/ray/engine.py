@@ -198,6 +198,7 @@ class RayEngine:
                 "ctor": ctor,
                 "output": output,
                 "rows": stage.batch_rows,
+                "threads": res.threads,
             },
             batch_size=None,
             batch_format="pyarrow",

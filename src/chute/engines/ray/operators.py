@@ -13,6 +13,7 @@ import pyarrow as pa
 from chute.engines import carried
 from chute.errors import ChuteError
 from chute.job import Model, Preprocess
+from chute.models.base import limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
 from chute.sources import Unit
@@ -160,7 +161,9 @@ class ModelActor:
     It gets whole blocks and cuts them into batches of ``rows`` itself: asked for batches,
     Ray Data would bundle blocks until they hold a batch, so that a unit's last block
     waited for blocks of other units, and the unit for its commit (see
-    :meth:`RayEngine._model_stage`).
+    :meth:`RayEngine._model_stage`). Its intra-op threads are the plan's
+    (:func:`chute.engines.resources.plan_threads`), not the ``OMP_NUM_THREADS`` Ray set
+    from its CPU token.
     """
 
     def __init__(
@@ -171,17 +174,21 @@ class ModelActor:
         ctor: Any,
         output: Output | None,
         rows: int,
+        threads: int = 1,
     ) -> None:
         import ray
 
         self.failed: ChuteError | None = None
+        limit_threads(threads)  # before the model's libraries load: they read it once
         try:
             self.stage = ModelStage(
                 model,
                 inputs,
                 target=ray.get(target) if target is not None else None,
                 ctor=ray.get(ctor) if ctor is not None else None,
+                threads=threads,
             )
+            limit_threads(threads)  # torch, if the model loaded it (or it came unpickled)
         except ChuteError as exc:
             # Raised here, it would kill the actor, and Ray hands the driver only the text of
             # a constructor's error; raised from a batch it arrives as the error it is.
