@@ -64,7 +64,13 @@ from chute.demo import CARRYOVER, TOTAL_ROWS, generate, tip_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
-DEFAULT_ROWS = {"taxi": TOTAL_ROWS, "mlp": 1_000_000, "minilm": 5_000}
+DEFAULT_ROWS = {
+    "taxi": TOTAL_ROWS,
+    "mlp": 1_000_000,
+    "minilm": 5_000,
+    "taxi-800MB": TOTAL_ROWS,
+    "taxi-x10": 10 * TOTAL_ROWS,
+}
 MLP_BATCH = "4MiB"
 MLP_SLICE_ROWS = 262_144  # rows per Ray Core task: chute's in-memory unit size
 ENCODE_BATCH = 64  # sentences per forward pass inside model.encode, everywhere
@@ -206,15 +212,59 @@ def run_all(
     workload: Workload, variants: dict[str, Callable[[str], Any]], base: str, repeat: int
 ) -> list[Result]:
     """Each variant ``repeat`` times, interleaved (so a change in the machine's load hits
-    them alike); the fastest run of each."""
-    best: dict[str, Result] = {}
+    them alike); every run, for :func:`summarize` to take the median of."""
+    runs: list[Result] = []
     for _ in range(repeat):
         for variant, fn in variants.items():
             out = os.path.join(base, workload.name, variant.replace(" ", "-"))
-            result = measure(workload.name, variant, fn, out, workload.rows)
-            if variant not in best or result.seconds < best[variant].seconds:
-                best[variant] = result
-    return list(best.values())
+            runs.append(measure(workload.name, variant, fn, out, workload.rows))
+    return runs
+
+
+@dataclass
+class Summary:
+    """The runs of one variant of one workload: medians, and the spread of the seconds."""
+
+    workload: str
+    variant: str
+    rows: int
+    seconds: float  # median
+    fastest: float
+    slowest: float
+    cpu: float  # median CPU seconds of the process tree
+    peak: int  # median peak, bytes above the level before the run
+    pipeline: float | None
+    runs: int
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def summarize(runs: list[Result]) -> list[Summary]:
+    """One :class:`Summary` per (workload, variant), in the order first run."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in runs:
+        groups.setdefault((r.workload, r.variant), []).append(r)
+    summaries = []
+    for (workload, variant), group in groups.items():
+        seconds = [r.seconds for r in group]
+        pipelines = [r.pipeline for r in group if r.pipeline is not None]
+        summaries.append(
+            Summary(
+                workload,
+                variant,
+                group[0].rows,
+                float(np.median(seconds)),
+                min(seconds),
+                max(seconds),
+                float(np.median([r.cpu for r in group])),
+                int(np.median([r.peak for r in group])),
+                float(np.median(pipelines)) if pipelines else None,
+                len(group),
+            )
+        )
+    return summaries
 
 
 # --------------------------------------------------------------------------- workloads
@@ -234,25 +284,66 @@ class Workload:
 
 
 class TipActor:
-    """Plain Ray Data: the tip model on an actor, over Arrow batches."""
+    """Plain Ray Data: the tip model (or ``model_class(*args)``) on an actor, over Arrow
+    batches."""
+
+    def __init__(
+        self,
+        model_class: type | None = None,
+        args: tuple[Any, ...] = (),
+        inputs: tuple[str, ...] = ("passenger_count",),
+    ) -> None:
+        self.model = model_class(*args) if model_class is not None else tip_model
+        self.inputs = inputs
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        score = tip_model({"passenger_count": batch.column("passenger_count").to_numpy()})
+        score = self.model({name: batch.column(name).to_numpy() for name in self.inputs})
         return batch.append_column("tip_score", pa.array(score["score"]))
 
 
-def _taxi_file(model: Callable[..., Any], path: str, out: str) -> int:
+def _taxi_file(model: Callable[..., Any], path: str, out: str, inputs: tuple[str, ...]) -> int:
     table = pq.read_table(path, columns=list(CARRYOVER))
-    score = model({"passenger_count": table.column("passenger_count").to_numpy()})["score"]
+    score = model({name: table.column(name).to_numpy() for name in inputs})["score"]
     table = table.append_column("tip_score", pa.array(score))
     pq.write_table(table, os.path.join(out, os.path.basename(path)))
     return int(table.num_rows)
 
 
+def daft_native() -> ModuleType:
+    """Daft on its native (single-machine, multi-threaded) runner."""
+    import daft
+
+    with contextlib.suppress(Exception):  # raises once a runner is set: it already is
+        daft.set_runner_native()
+    return daft
+
+
+def _numpy(series: Any) -> np.ndarray:
+    """A Daft Series as a NumPy array."""
+    return np.asarray(series.to_arrow().to_numpy(zero_copy_only=False))
+
+
 def taxi(base: str, rows: int) -> Workload:
+    return _taxi_workload("taxi", base, rows, tip_model, ("passenger_count",))
+
+
+def _taxi_workload(
+    name: str,
+    base: str,
+    rows: int,
+    scorer: Callable[..., Any],
+    inputs: tuple[str, ...],
+    *,
+    model_class: type | None = None,
+    model_args: tuple[Any, ...] = (),
+) -> Workload:
+    """The taxi job with ``scorer`` (a function), or with ``model_class(*model_args)`` built
+    once per replica (``scorer`` is then an instance of it, for the variants that share one
+    model object)."""
     data = os.path.join(base, "data", f"taxi-{rows}")
     files = generate(data, rows)
-    model = chute.Model("tip", tip_model, inputs=["passenger_count"], batch_format="numpy")
+    fn: Any = model_class if model_class is not None else scorer
+    model = chute.Model("tip", fn, inputs=list(inputs), batch_format="numpy", args=model_args)
 
     def chute_run(engine: str) -> Callable[[str], Any]:
         def run(out: str) -> Any:
@@ -267,16 +358,43 @@ def taxi(base: str, rows: int) -> Workload:
 
         return run
 
+    def built() -> Callable[..., Any]:
+        return model_class(*model_args) if model_class is not None else scorer
+
     def loop(out: str) -> None:
         os.makedirs(out)
+        loaded = built()
         for path in files:
-            _taxi_file(tip_model, path, out)
+            _taxi_file(loaded, path, out, inputs)
+
+    def daft_run(out: str) -> None:
+        daft = daft_native()
+
+        @daft.cls
+        class DaftTip:
+            def __init__(self) -> None:
+                self.model = built()
+
+            @daft.method.batch(return_dtype=daft.DataType.float32())
+            def __call__(self, *columns: Any) -> np.ndarray:
+                batch = {name: _numpy(c) for name, c in zip(inputs, columns, strict=True)}
+                return np.asarray(self.model(batch)["score"], dtype=np.float32)
+
+        df = daft.read_parquet(os.path.join(data, "*.parquet")).select(*CARRYOVER)
+        df = df.with_column("tip_score", DaftTip()(*[df[name] for name in inputs]))
+        df.write_parquet(out)
 
     def ray_data(out: str) -> None:
         import ray
 
         ds = ray.data.read_parquet(data).select_columns(list(CARRYOVER))
-        ds = ds.map_batches(TipActor, batch_size=16_384, batch_format="pyarrow", concurrency=1)
+        ds = ds.map_batches(
+            TipActor,
+            fn_constructor_args=(model_class, model_args, inputs),
+            batch_size=16_384,
+            batch_format="pyarrow",
+            concurrency=1,
+        )
         ds.write_parquet(out)
 
     def ray_core(out: str) -> None:
@@ -284,15 +402,73 @@ def taxi(base: str, rows: int) -> Workload:
 
         os.makedirs(out)
         task = ray.remote(_taxi_file)
-        ref = ray.put(tip_model)
-        ray.get([task.remote(ref, path, out) for path in files])
+        ref = ray.put(built())  # once: the tasks map its arrays zero-copy
+        ray.get([task.remote(ref, path, out, inputs) for path in files])
 
     return Workload(
-        "taxi",
+        name,
         rows,
-        local={"chute local": chute_run("local"), "pyarrow loop": loop},
+        local={"chute local": chute_run("local"), "pyarrow loop": loop, "Daft": daft_run},
         ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
     )
+
+
+# -- taxi-800MB: the taxi job with a model that holds 800 MB of weights ----------------
+
+WEIGHTS_MB = 800
+
+
+class HeavyTip:
+    """The tip model plus a lookup table of float32 weights (~800 MB), read from a ``.npy``
+    file in the constructor, so once per replica: score = tip + table[trip_id % size]."""
+
+    def __init__(self, path: str) -> None:
+        self.table = np.load(path)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tip = tip_model(batch)["score"]
+        return {"score": tip + self.table[batch["trip_id"] % len(self.table)]}
+
+
+def write_weights(path: str, megabytes: int) -> str:
+    """A ``.npy`` of ``megabytes`` MB of float32 weights (kept if already there)."""
+    size = megabytes * 10**6 // 4
+    if os.path.exists(path) and np.load(path, mmap_mode="r").shape == (size,):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    table = np.lib.format.open_memmap(path + ".tmp.npy", mode="w+", dtype=np.float32, shape=(size,))
+    step = 10_000_000
+    for start in range(0, size, step):
+        stop = min(size, start + step)
+        table[start:stop] = (np.arange(start, stop) % 7) / np.float32(100)
+    table.flush()
+    del table
+    os.replace(path + ".tmp.npy", path)
+    return path
+
+
+def taxi_800mb(base: str, rows: int) -> Workload:
+    path = write_weights(os.path.join(base, "data", f"weights-{WEIGHTS_MB}MB.npy"), WEIGHTS_MB)
+    return _taxi_workload(
+        "taxi-800MB",
+        base,
+        rows,
+        tip_model,
+        ("passenger_count", "trip_id"),
+        model_class=HeavyTip,
+        model_args=(path,),
+    )
+
+
+# -- taxi-x10: the taxi job over 10× the data, to see chute local's memory stay flat ----
+
+
+def taxi_x10(base: str, rows: int) -> Workload:
+    workload = taxi(base, rows)
+    workload.name = "taxi-x10"
+    workload.local = {"chute local": workload.local["chute local"]}
+    workload.ray = {}
+    return workload
 
 
 # -- mlp: a torch MLP over an in-memory DataFrame --------------------------------------
@@ -337,6 +513,23 @@ def mlp(base: str, rows: int) -> Workload:
         for i, start in enumerate(range(0, rows, batch_rows)):
             _mlp_slice(scorer, frame.iloc[start : start + batch_rows], out, i)
 
+    def daft_run(out: str) -> None:
+        daft = daft_native()
+
+        @daft.cls
+        class DaftMLP:
+            def __init__(self) -> None:
+                self.model = example.MLP(state)
+
+            @daft.method.batch(return_dtype=daft.DataType.float32(), batch_size=batch_rows)
+            def __call__(self, *columns: Any) -> np.ndarray:
+                pairs = zip(example.FEATURES, columns, strict=True)
+                return np.asarray(self.model({name: _numpy(c) for name, c in pairs}))
+
+        df = daft.from_pandas(frame)
+        df = df.select(DaftMLP()(*[df[name] for name in example.FEATURES]).alias("mlp"))
+        df.write_parquet(out)
+
     def ray_data(out: str) -> None:
         import ray
 
@@ -366,7 +559,7 @@ def mlp(base: str, rows: int) -> Workload:
     return Workload(
         "mlp",
         rows,
-        local={"chute local": chute_run("local"), "pyarrow loop": loop},
+        local={"chute local": chute_run("local"), "pyarrow loop": loop, "Daft": daft_run},
         ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
     )
 
@@ -384,10 +577,13 @@ class EmbedActor:
         return _with_embeddings(batch.select(["id"]), self.embed(batch))
 
 
-def _with_embeddings(table: pa.Table, embeddings: np.ndarray) -> pa.Table:
+def _vectors(embeddings: np.ndarray) -> pa.FixedSizeListArray:
     flat = pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).ravel())
-    column = pa.FixedSizeListArray.from_arrays(flat, embeddings.shape[1])
-    return table.append_column("embedding", column)
+    return pa.FixedSizeListArray.from_arrays(flat, embeddings.shape[1])
+
+
+def _with_embeddings(table: pa.Table, embeddings: np.ndarray) -> pa.Table:
+    return table.append_column("embedding", _vectors(embeddings))
 
 
 def _embed_file(model: Any, path: str, out: str) -> int:
@@ -436,6 +632,29 @@ def minilm(base: str, rows: int) -> Workload:
         for file in files:
             _embed_file(loaded, file, out)
 
+    def daft_run(out: str) -> None:
+        daft = daft_native()
+        vector = daft.DataType.fixed_size_list(daft.DataType.float32(), example.DIM)
+
+        @daft.cls
+        class DaftEmbedder:
+            def __init__(self) -> None:
+                self.model = example.load_model(path)
+
+            @daft.method.batch(return_dtype=vector, batch_size=file_rows)
+            def __call__(self, text: Any) -> pa.Array:
+                vectors = self.model.encode(
+                    text.to_pylist(),
+                    batch_size=ENCODE_BATCH,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
+                return _vectors(vectors)
+
+        df = daft.read_parquet(os.path.join(data, "*.parquet"))
+        df = df.select(df["id"], DaftEmbedder()(df["text"]).alias("embedding"))
+        df.write_parquet(out)
+
     def ray_data(out: str) -> None:
         import ray
 
@@ -459,66 +678,126 @@ def minilm(base: str, rows: int) -> Workload:
     return Workload(
         "minilm",
         rows,
-        local={"model alone": alone, "chute local": chute_run("local"), "pyarrow loop": loop},
+        local={
+            "model alone": alone,
+            "chute local": chute_run("local"),
+            "pyarrow loop": loop,
+            "Daft": daft_run,
+        },
         ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
     )
 
 
-WORKLOADS: dict[str, Callable[[str, int], Workload]] = {"taxi": taxi, "mlp": mlp, "minilm": minilm}
+WORKLOADS: dict[str, Callable[[str, int], Workload]] = {
+    "taxi": taxi,
+    "mlp": mlp,
+    "minilm": minilm,
+    "taxi-800MB": taxi_800mb,
+    "taxi-x10": taxi_x10,
+}
 
 
 # --------------------------------------------------------------------------- report
 
 
 COMPARISONS = [
-    ("chute local", "pyarrow loop", "local ≥ single-process loop"),
-    ("chute local", "model alone", "within 10% of the model alone"),
-    ("chute ray", "Ray Data", "ray ≥ plain Ray Data"),
-    ("chute ray", "Ray Core tasks", "(for reference)"),
+    ("chute local", "pyarrow loop"),
+    ("chute local", "model alone"),
+    ("chute local", "Daft"),
+    ("chute ray", "Daft"),
+    ("chute ray", "Ray Data"),
+    ("chute ray", "Ray Core tasks"),
 ]
 
+SPEED_GOALS = [  # (ours, baseline, lowest rows/s ratio that meets the goal): issue 14, point 1
+    ("chute ray", "Ray Core tasks", 1.0),
+    ("chute ray", "Ray Data", 1.3),
+    ("chute local", "pyarrow loop", 1.0),
+    ("chute local", "Daft", 1.0),
+]
+MLP_MEMORY_GOAL = 2.0  # chute local's peak ≤ 2× the loop's on the MLP
+FLAT_MEMORY_GOAL = 1.3  # chute local's peak on taxi-x10 ≤ 1.3× its peak on taxi
 
-def print_tables(results: list[Result], ray_start: float | None) -> None:
+
+def print_tables(results: list[Summary], ray_start: float | None) -> None:
     workloads = list(dict.fromkeys(r.workload for r in results))
     head = (
-        f"{'variant':<18}{'seconds':>9}{'rows/s':>13}{'CPU s':>8}{'peak MiB':>10}{'pipeline s':>12}"
+        f"{'variant':<16}{'seconds':>8}{'(min–max)':>15}{'rows/s':>12}{'CPU s':>7}"
+        f"{'peak MiB':>9}{'pipeline s':>11}"
     )
     for name in workloads:
         rows = [r for r in results if r.workload == name]
-        print(f"\n## {name}: {rows[0].rows:,} rows\n")
+        print(f"\n## {name}: {rows[0].rows:,} rows, medians of {rows[0].runs} runs\n")
         print(head)
         print("-" * len(head))
         for r in rows:
             pipeline = "" if r.pipeline is None else f"{r.pipeline:.2f}"
+            spread = f"({r.fastest:.2f}–{r.slowest:.2f})"
             print(
-                f"{r.variant:<18}{r.seconds:>9.2f}{r.rate:>13,.0f}{r.cpu:>8.1f}"
-                f"{r.peak / MIB:>10,.0f}{pipeline:>12}"
+                f"{r.variant:<16}{r.seconds:>8.2f}{spread:>15}{r.rate:>12,.0f}{r.cpu:>7.1f}"
+                f"{r.peak / MIB:>9,.0f}{pipeline:>11}"
             )
         by = {r.variant: r for r in rows}
         lines = []
-        for ours, theirs, goal in COMPARISONS:
+        for ours, theirs in COMPARISONS:
             if ours not in by or theirs not in by:
                 continue
             a, b = by[ours], by[theirs]
             small = b.peak < 16 * MIB  # a ratio of two noise levels means nothing
             mem = "-" if small else f"{a.peak / b.peak:.2f}×"
             cpu = f"{a.cpu / b.cpu:.2f}×" if b.cpu > 0 else "-"
-            lines.append(
-                f"{ours + ' / ' + theirs:<30}{a.rate / b.rate:>7.2f}×{cpu:>8}{mem:>10}   {goal}"
-            )
+            lines.append(f"{ours + ' / ' + theirs:<30}{a.rate / b.rate:>7.2f}×{cpu:>8}{mem:>10}")
         if lines:
             print(f"\n{'chute / baseline':<30}{'rows/s':>8}{'CPU s':>8}{'peak':>10}")
             print("\n".join(lines))
     print(
-        "\nseconds: wall time of the whole run. pipeline s (chute): the report's wall_seconds, "
-        "from planning\nto the last commit; the rest of 'seconds' is writing report.json and "
-        "report.html."
+        "\nseconds: median wall time of the whole run, fastest and slowest in brackets. "
+        "pipeline s (chute):\nthe report's wall_seconds, from planning to the last commit; "
+        "the rest of 'seconds' is writing\nreport.json and report.html."
     )
     if ray_start is not None:
         print(
             f"Ray start-up (ray.init + a first Ray Data job), not in any time above: "
             f"{ray_start:.2f} s"
         )
+
+
+def goals(results: list[Summary]) -> list[tuple[str, str, str, str]]:
+    """(goal, workload, measured, met/missed) for each goal of issue 14's point 1 that these
+    results can decide."""
+    by = {(r.workload, r.variant): r for r in results}
+    rows: list[tuple[str, str, str, str]] = []
+    for workload in dict.fromkeys(r.workload for r in results):
+        for ours, theirs, floor in SPEED_GOALS:
+            a, b = by.get((workload, ours)), by.get((workload, theirs))
+            if a is not None and b is not None:
+                ratio = a.rate / b.rate
+                verdict = "met" if ratio >= floor else "missed"
+                rows.append((f"{ours} ≥ {floor}× {theirs}", workload, f"{ratio:.2f}×", verdict))
+    ours, loop = by.get(("mlp", "chute local")), by.get(("mlp", "pyarrow loop"))
+    if ours is not None and loop is not None and loop.peak > 0:
+        ratio = ours.peak / loop.peak
+        verdict = "met" if ratio <= MLP_MEMORY_GOAL else "missed"
+        measured = f"{ratio:.2f}× ({ours.peak / MIB:,.0f} / {loop.peak / MIB:,.0f} MiB)"
+        rows.append((f"chute local peak ≤ {MLP_MEMORY_GOAL}× loop's", "mlp", measured, verdict))
+    small, big = by.get(("taxi", "chute local")), by.get(("taxi-x10", "chute local"))
+    if small is not None and big is not None and small.peak > 0:
+        ratio = big.peak / small.peak
+        verdict = "met" if ratio <= FLAT_MEMORY_GOAL else "missed"
+        measured = f"{ratio:.2f}× ({big.peak / MIB:,.0f} / {small.peak / MIB:,.0f} MiB)"
+        goal = f"chute local peak flat (≤ {FLAT_MEMORY_GOAL}×) at 10× the input"
+        rows.append((goal, "taxi → taxi-x10", measured, verdict))
+    return rows
+
+
+def print_goals(results: list[Summary]) -> None:
+    found = goals(results)
+    if not found:
+        return
+    print("\n## Goals (issue 14, point 1): medians, rows/s ratio unless said\n")
+    width = max(len(g) for g, *_ in found)
+    for goal, workload, measured, verdict in found:
+        print(f"{goal:<{width}}  {workload:<16}{measured:>28}  {verdict}")
 
 
 def start_ray() -> float:
@@ -562,7 +841,9 @@ def parse_rows(text: str | None) -> dict[str, int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--workloads", default="taxi,mlp,minilm", help="comma-separated: taxi, mlp, minilm"
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated: {', '.join(WORKLOADS)} (default: all)",
     )
     parser.add_argument(
         "--rows",
@@ -575,12 +856,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=str(ROOT / "bench-out"),
         help="data and outputs (default: bench-out/ in the repo)",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="best of N runs per variant")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per variant, interleaved; medians are shown"
+    )
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray variants")
     parser.add_argument(
         "--variants", default=None, help="comma-separated variants to run (default: all)"
     )
-    parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--json", default=None, help="also write every run to this file")
     return parser.parse_args(argv)
 
 
@@ -637,7 +920,7 @@ def chosen(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
         yield name, rows[name]
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
+def main(argv: list[str] | None = None) -> list[Summary]:
     args = parse_args(argv)
     print(header(args), flush=True)
     print("preparing data ...", flush=True)
@@ -658,19 +941,22 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "model alone",
         "chute local",
         "pyarrow loop",
+        "Daft",
         "chute ray",
         "Ray Data",
         "Ray Core tasks",
     ]
-    results.sort(
+    summaries = summarize(results)
+    summaries.sort(
         key=lambda r: ([w.name for w in workloads].index(r.workload), order.index(r.variant))
     )
-    print_tables(results, ray_start)
+    print_tables(summaries, ray_start)
+    print_goals(summaries)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nload average after: {load}")
-    return results
+    return summaries
 
 
 if __name__ == "__main__":

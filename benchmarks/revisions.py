@@ -53,6 +53,7 @@ def bench(src: Path, args: argparse.Namespace, out: Path) -> list[dict[str, floa
     """One run of this tree's bench.py with the chute found in ``src``."""
     result = out / "result.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--variants", VARIANTS]
+    command += ["--repeat", "1"]  # the rounds are this script's
     command += ["--workloads", args.workloads, "--out", str(out), "--json", str(result)]
     command += ["--rows", args.rows] if args.rows else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
