@@ -7,10 +7,11 @@ import pyarrow as pa
 import pytest
 
 from chute.engines import carried
+from chute.stages import Batching
 
 
-def _batch(rows: int, seconds: float, splits: tuple[int, int | None] | None = None) -> pa.Table:
-    return carried.carry(pa.table({"x": np.arange(rows)}), "m", seconds, splits)
+def _batch(rows: int, seconds: float, sizing: Batching | None = None) -> pa.Table:
+    return carried.carry(pa.table({"x": np.arange(rows)}), "m", seconds, sizing)
 
 
 def test_slices_and_joins_keep_the_totals() -> None:
@@ -24,16 +25,23 @@ def test_slices_and_joins_keep_the_totals() -> None:
     assert totals["m"]["rows"] == 150
 
 
-def test_out_of_memory_splits_travel_too() -> None:
-    _, first = carried.collect(_batch(64, 0.5, (3, 256)))
-    _, second = carried.collect(_batch(64, 0.5, (1, 128)))
-    _, third = carried.collect(_batch(64, 0.5, (0, None)))
+def test_batch_sizing_travels_too() -> None:
+    """Splits, resizes and calls add up; the size is the latest one a batch knew."""
+    _, first = carried.collect(_batch(64, 0.5, Batching(3, 1, 4, 256)))
+    _, second = carried.collect(_batch(64, 0.5, Batching(1, 2, 2, 128)))
+    _, third = carried.collect(_batch(64, 0.5, Batching(0, 0, 0, None)))
     totals: dict[str, dict[str, float]] = {}
     for part in (first, second, third):
         carried.add(totals, carried.decode(carried.encode(part)))
     (stats,) = carried.stage_stats(totals).values()
-    assert (stats.oom_splits, stats.batch_rows, stats.batches, stats.rows) == (4, 128, 3, 192)
+    assert (stats.oom_splits, stats.resizes, stats.calls) == (4, 3, 6)
+    assert (stats.batch_rows, stats.batches, stats.rows) == (128, 3, 192)
     assert stats.busy_seconds == pytest.approx(1.5)
+    joined = pa.concat_tables(
+        [_batch(8, 0.1, Batching(0, 0, 1, 64)), _batch(8, 0.1, Batching(0, 1, 1, 96))]
+    )
+    _, totals = carried.collect(joined)
+    assert totals["m"]["batch_rows"] == 96  # the later batch's size
 
 
 def test_an_empty_batch_has_the_same_columns() -> None:
@@ -46,9 +54,9 @@ def test_an_empty_batch_has_the_same_columns() -> None:
 def test_counters_travel_once_per_batch_whatever_their_names() -> None:
     """A model's counters (an LLM's tokens) ride in one row of their batch: slices and
     joins sum each batch's once, and batches with other counter names share a schema."""
-    a = carried.carry(pa.table({"x": np.arange(10)}), "m", 1.0, (0, None), {"tokens": 7.0})
-    b = carried.carry(pa.table({"x": np.arange(4)}), "m", 1.0, (0, None), {"finish/stop": 2})
-    c = carried.carry(pa.table({"x": np.arange(3)}), "m", 1.0, (0, None), {})
+    a = carried.carry(pa.table({"x": np.arange(10)}), "m", 1.0, Batching(), {"tokens": 7.0})
+    b = carried.carry(pa.table({"x": np.arange(4)}), "m", 1.0, Batching(), {"finish/stop": 2})
+    c = carried.carry(pa.table({"x": np.arange(3)}), "m", 1.0, Batching(), {})
     assert a.schema == b.schema == c.schema
     joined = pa.concat_tables([a.slice(0, 3), b, a.slice(3), c])
     _, totals = carried.collect(joined)

@@ -40,7 +40,12 @@ class StagePlan:
     model: Model
     inputs: tuple[str, ...]
     batch_rows: int
+    """The rows of a replica's first model call (``auto`` moves from there)."""
     batch_format: BatchFormat
+    batch_note: str = ""
+    """Why it starts there, and what ``auto`` aims for (``chute plan`` says it)."""
+    adaptive: bool = False
+    """Whether replicas measure their calls and move the size (``batch_size: auto``)."""
 
 
 @dataclass(frozen=True)
@@ -317,10 +322,46 @@ def _made_by(column: str, models: Sequence[str]) -> bool:
 
 def _stage(job: JobSpec, model: Model, schema: pa.Schema, units: list[Unit]) -> StagePlan:
     inputs = model.inputs if model.inputs is not None else tuple(schema.names)
-    rows = model.batch_size.rows
-    if rows is None:
-        rows = model.batch_size.rows_for(_row_bytes(job, inputs, schema, units))
-    return StagePlan(model, tuple(inputs), rows, model.batch_format)
+    size = model.batch_size
+    if size.auto:
+        rows, note, adaptive = _auto_start(model, inputs, schema)
+        return StagePlan(model, tuple(inputs), rows, model.batch_format, note, adaptive)
+    if size.rows is not None:
+        rows, note = size.rows, f"{size.rows:,} rows a call, fixed"
+    else:
+        width = _row_bytes(job, inputs, schema, units)
+        rows = size.rows_for(width)
+        note = f"{rows:,} rows a call, fixed: {size.bytes:,} bytes at ~{width:,.0f} bytes a row"
+    return StagePlan(model, tuple(inputs), rows, model.batch_format, note)
+
+
+def _auto_start(model: Model, inputs: Sequence[str], schema: pa.Schema) -> tuple[int, str, bool]:
+    """Where ``batch_size: auto`` starts, why, and whether it is measured: the adapter's own
+    fixed size (an engine that batches by itself), or :data:`~chute.job.AUTO_BATCH_ROWS`
+    rows, fewer if the memory cap says so for inputs of known width (others are measured
+    at the first call: reading a sample here would cost every plan a read)."""
+    size = model.batch_size
+    if isinstance(model.fn, AdapterSpec):
+        own = model.fn.load_class(check=False).auto_batch_rows
+        if own is not None:
+            note = f"auto: {own:,} rows a call, fixed: {model.fn.kind} schedules its own batches"
+            return own, note, False
+    target = size.target.within(model.timeout)
+    aims = f"then measures each call and moves toward {target.describe()}"
+    assert size.rows is not None
+    small = f"auto: starts at {size.rows:,} rows (small, so a slow model's first call is short)"
+    fields = [schema.field(c).type for c in inputs if c in schema.names]
+    if len(fields) < len(inputs) or not all(pa.types.is_primitive(t) for t in fields):
+        return size.rows, f"{small}, {aims}", True
+    width = sum(t.bit_width // 8 or 1 for t in fields)
+    cap = max(1, target.memory // max(width, 1))
+    if cap >= size.rows:
+        return size.rows, f"{small}, {aims}", True
+    note = (
+        f"auto: starts at {cap:,} rows ({target.memory / 2**20:,.0f} MiB at {width:,} input "
+        f"bytes a row), {aims}"
+    )
+    return cap, note, True
 
 
 def _row_bytes(job: JobSpec, inputs: Sequence[str], schema: pa.Schema, units: list[Unit]) -> float:

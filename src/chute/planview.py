@@ -19,7 +19,7 @@ from chute.ledger import META_DIR, Ledger
 from chute.models import Adapter, AdapterSpec
 from chute.plan import Plan, StagePlan, build_plan
 from chute.preflight import check_job, check_machine
-from chute.report import Report, memory_notes
+from chute.report import Report, batch_notes
 from chute.sinks import output_filesystem
 from chute.stages import PreprocessStage
 from chute.storage import StorageOptions, redact
@@ -79,6 +79,7 @@ def render_plan(job: JobSpec) -> RenderableType:
     for stage, res in zip(plan.stages, resources, strict=True):
         for key, value in _stage_cells(stage, res).items():
             cells.setdefault(key, []).append(value)
+        notes.append(Text(f"{stage.model.name}: batch: {stage.batch_note}"))
         notes += [Text(f"{stage.model.name}: {note}") for note in _notes(stage.model, res, job)]
         notes += [Text(f"{stage.model.name}: {note}") for note in sample_notes(plan, stage)]
     for key, values in cells.items():
@@ -93,7 +94,7 @@ def _stage_cells(stage: StagePlan, res: StageResources) -> dict[str, RenderableT
         "model": Text(model.name, style="bold"),
         "runs": Folded(runs(model.fn)),
         "inputs": Folded(", ".join(stage.inputs)),
-        "batch rows": f"{stage.batch_rows:,}" + (" (auto)" if model.batch_size.auto else ""),
+        "batch rows": f"{stage.batch_rows:,}" + (" to start (auto)" if stage.adaptive else ""),
         "batch format": stage.batch_format,
         "cpus / gpus": f"{res.cpus:g} / {res.gpus:g} per replica",
         "threads": f"{res.threads} per replica",
@@ -272,7 +273,7 @@ def _job_status(output: str, ledger: Ledger) -> RenderableType:
                 f"{report.get('wall_seconds', 0):.2f} s on {report.get('engine')}"
             )
         )
-        parts += [Text(f"model {name}: {note}") for name, note in memory_notes(report)]
+        parts += [Text(f"model {name}: {note}") for name, note in batch_notes(report)]
         parts += _table_lines(report.get("table"))
     return Group(*parts)
 

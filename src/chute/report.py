@@ -39,9 +39,19 @@ class StageStats:
     rows: int = 0
     batches: int = 0
     oom_splits: int = 0
-    """Batches a model split in half after running out of memory."""
+    """Model calls split in half after running out of memory."""
     batch_rows: int | None = None
-    """Rows per batch after those splits (the smallest over the replicas); ``None``: none."""
+    """The rows of a model's next call at the end (the latest a replica reported);
+    ``None``: no model call."""
+    resizes: int = 0
+    """Changes of batch size a measurement made (``batch_size: auto``, or growing back
+    after an out-of-memory split)."""
+    calls: int = 0
+    """Model calls that fitted (the mean batch is ``rows / calls``)."""
+    batch_start: int | None = None
+    """The rows the plan started each replica at."""
+    batch_auto: bool = False
+    """Whether the size was measured and moved (``batch_size: auto``)."""
     counters: dict[str, float] = field(default_factory=dict)
     """What the stage's model counted (``Adapter.take_counters``), summed: an LLM's
     ``requests``, ``prompt_tokens``, ``generated_tokens``, ``finish/<reason>``,
@@ -55,22 +65,39 @@ class StageStats:
     def add_counters(self, counters: Mapping[str, float]) -> None:
         add_counters(self.counters, counters)
 
-    def add_splits(self, splits: int, batch_rows: int | None) -> None:
-        """Count out-of-memory splits, and the replica's rows per batch since."""
+    def add_batching(self, splits: int, resizes: int, calls: int, rows: int | None) -> None:
+        """Count a replica's out-of-memory splits, resizes and model calls, and keep the
+        size it reports now (the latest report wins)."""
         self.oom_splits += splits
-        if batch_rows is not None:
-            self.batch_rows = min(batch_rows, self.batch_rows or batch_rows)
+        self.resizes += resizes
+        self.calls += calls
+        if rows is not None:
+            self.batch_rows = rows
 
     @property
-    def memory_note(self) -> str | None:
-        """``"3 out-of-memory splits, batch now 1,024 rows"``, or ``None`` without splits."""
-        if not self.oom_splits:
+    def batch_note(self) -> str | None:
+        """What a model's batch size settled on: ``"batch settled at 2,048 rows (auto,
+        from 1,024: 3 resizes, no out-of-memory split; 1,843 rows a call on average)"``;
+        ``None`` for a fixed size that never changed."""
+        if not (self.batch_auto or self.oom_splits or self.resizes) or self.batch_rows is None:
             return None
-        plural = "s" if self.oom_splits != 1 else ""
+        splits = _count(self.oom_splits, "out-of-memory split")
+        mean = f"{self.rows / self.calls:,.0f} rows a call on average" if self.calls else ""
+        if self.batch_auto:
+            start = f", from {self.batch_start:,}" if self.batch_start else ""
+            return (
+                f"batch settled at {self.batch_rows:,} rows (auto{start}: "
+                f"{_count(self.resizes, 'resize')}, {splits}; {mean})"
+            )
         return (
-            f"{self.oom_splits} out-of-memory split{plural}, "
-            f"batch now {self.batch_rows or 0:,} rows"
+            f"{splits}, batch now {self.batch_rows:,} rows "
+            f"({_count(self.resizes, 'resize')}; {mean})"
         )
+
+
+def _count(n: int, thing: str) -> str:
+    """``"no resize"``, ``"1 resize"``, ``"3 resizes"``."""
+    return f"no {thing}" if n == 0 else f"{n:,} {thing}" + ("s" if n != 1 else "")
 
 
 @dataclass
@@ -221,8 +248,8 @@ class Report:
                     "(summed over its replicas or threads)",
                 )
             )
-            if stats.memory_note:
-                rows.append((f"model {name}", stats.memory_note))
+            if stats.batch_note:
+                rows.append((f"model {name}", stats.batch_note))
             rows += [
                 (f"{kind}: {name}", text)
                 for kind, text in counter_lines(stats.counters, self.wall_seconds)
@@ -278,12 +305,12 @@ def progress_note(counters: Mapping[str, float], seconds: float) -> str:
     return f"{generated:,.0f} tokens out, {rate:,.0f} tok/s"
 
 
-def memory_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """(stage, "3 out-of-memory splits, batch now 1,024 rows") from a ``report.json``."""
+def batch_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, "batch settled at 2,048 rows (auto, ...)") from a ``report.json``."""
     notes = []
     for name, data in (report.get("stages") or {}).items():
         known = {f.name for f in fields(StageStats)}
-        note = StageStats(**{k: v for k, v in data.items() if k in known}).memory_note
+        note = StageStats(**{k: v for k, v in data.items() if k in known}).batch_note
         if note:
             notes.append((name, note))
     return notes

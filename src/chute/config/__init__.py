@@ -11,7 +11,7 @@ against the directory of the job file, so a job runs the same from any working d
       - name: tip
         fn: chute.demo:tip_model
         inputs: [passenger_count]
-        batch_size: 16384          # rows, or a size such as "8MiB"
+        batch_size: auto           # the default: measured; or rows, or a size such as "8MiB"
         resources: {cpus: 1, gpus: 0, memory: 2GiB}
         pool: {min: 1, max: 4}     # or an int: a fixed size
         timeout: 5m                # per batch; none by default

@@ -36,7 +36,7 @@ class ModelConfig(_Strict):
     """A built-in adapter: ``{type: onnx, path: model.onnx, ...options}``."""
     inputs: list[str] | None = None
     batch_format: Fmt = "pyarrow"
-    batch_size: int | str = 16_384
+    batch_size: int | str = "auto"
     resources: ResourcesConfig = ResourcesConfig()
     pool: PoolConfig = PoolConfig()
     args: list[Any] = []

@@ -17,9 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from chute.report import StageStats
+from chute.stages import Batching
 
 PREFIX = "__chute_stats:"
 _BUSY, _BATCHES, _SPLITS, _BATCH_ROWS = "busy", "batches", "splits", "batch_rows"
+_RESIZES, _CALLS = "resizes", "calls"
+_SIZING = (_SPLITS, _RESIZES, _CALLS)
+"""A model's sizing counts (summed); its size now, ``batch_rows``, is the latest one."""
 _COUNTERS = "counters"
 """A model's counters travel as JSON in the first row of its batch (null in the others):
 a slice holds it or not, a join keeps every one, so each batch's counters are summed once,
@@ -34,25 +38,34 @@ def carry(
     table: pa.Table,
     stage: str,
     seconds: float,
-    splits: tuple[int, int | None] | None = None,
+    batching: Batching | None = None,
     counters: Mapping[str, float] | None = None,
 ) -> pa.Table:
     """``table`` with ``stage``'s busy time (and, for model stages that are not the last,
-    its out-of-memory splits and counters) spread over its rows. Every batch of a stage
-    gets the same columns, so blocks that Ray Data joins always share a schema."""
+    its batch sizing and counters) spread over its rows. Every batch of a stage gets the
+    same columns, so blocks that Ray Data joins always share a schema."""
     n = table.num_rows
     share = 1.0 / n if n else 0.0
     columns = {_BUSY: np.full(n, seconds * share), _BATCHES: np.full(n, share)}
-    if splits is not None:
-        count, rows = splits
-        columns[_SPLITS] = np.full(n, count * share)
-        columns[_BATCH_ROWS] = np.full(n, rows or 0.0)
+    if batching is not None:
+        for kind, value in batching_entry(batching).items():
+            columns[kind] = np.full(n, value if kind == _BATCH_ROWS else value * share)
     for kind, values in columns.items():
         table = table.append_column(f"{PREFIX}{stage}:{kind}", pa.array(values, pa.float32()))
-    if splits is not None:
+    if batching is not None:
         text = [encode_counters(counters or {})] + [None] * (n - 1) if n else []
         table = table.append_column(f"{PREFIX}{stage}:{_COUNTERS}", pa.array(text, pa.string()))
     return table
+
+
+def batching_entry(batching: Batching) -> dict[str, float]:
+    """A model's sizing as totals: counts, and the rows of its next call (0: not known)."""
+    return {
+        _SPLITS: float(batching.oom_splits),
+        _RESIZES: float(batching.resizes),
+        _CALLS: float(batching.calls),
+        _BATCH_ROWS: float(batching.rows or 0),
+    }
 
 
 def encode_counters(counters: Mapping[str, float]) -> str | None:
@@ -83,9 +96,9 @@ def collect(table: pa.Table) -> tuple[pa.Table, dict[str, dict[str, float]]]:
                     entry[key] = entry.get(key, 0.0) + float(value)
             continue
         values = table.column(name).to_numpy()
-        if kind == _BATCH_ROWS:
+        if kind == _BATCH_ROWS:  # the latest size a row of the block knows
             sizes = values[values > 0]
-            entry[kind] = float(sizes.min()) if sizes.size else 0.0
+            entry[kind] = float(sizes[-1]) if sizes.size else 0.0
         else:
             entry[kind] = float(np.sum(values, dtype=np.float64))
         if kind == _BUSY:
@@ -94,13 +107,12 @@ def collect(table: pa.Table) -> tuple[pa.Table, dict[str, dict[str, float]]]:
 
 
 def add(into: dict[str, dict[str, float]], totals: Mapping[str, Mapping[str, float]]) -> None:
-    """Sum ``totals`` into ``into`` (the smallest batch size wins)."""
+    """Sum ``totals`` into ``into`` (a batch size: the later one, when known)."""
     for stage, entry in totals.items():
         mine = into.setdefault(stage, {})
         for kind, value in entry.items():
             if kind == _BATCH_ROWS:
-                known = [v for v in (mine.get(kind), value) if v]
-                mine[kind] = min(known) if known else 0.0
+                mine[kind] = value or mine.get(kind, 0.0)
             else:
                 mine[kind] = mine.get(kind, 0.0) + value
 
@@ -122,7 +134,8 @@ def stage_stats(totals: Mapping[str, Mapping[str, float]]) -> dict[str, StageSta
             entry.get(_BUSY, 0.0), round(entry.get("rows", 0.0)), round(entry.get(_BATCHES, 0))
         )
         rows = entry.get(_BATCH_ROWS)
-        stat.add_splits(round(entry.get(_SPLITS, 0.0)), round(rows) if rows else None)
+        splits, resizes, calls = (round(entry.get(kind, 0.0)) for kind in _SIZING)
+        stat.add_batching(splits, resizes, calls, round(rows) if rows else None)
         stat.add_counters(counted({stage: entry}).get(stage, {}))
         stats[stage] = stat
     return stats

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import astuple
 from functools import partial
 
 import pyarrow as pa
@@ -96,7 +97,8 @@ class Channel:
 
 
 class Rebatcher:
-    """Cuts a channel's tables into batches of ``rows`` rows, one unit at a time.
+    """Cuts a channel's tables into batches of ``rows`` rows (or the rows each
+    :meth:`take` asks for: a replica's size of the moment), one unit at a time.
 
     Readers work on several units at once, so their slices arrive interleaved. Batches are
     cut from each unit's own buffer, because a batch that mixed units would be written as
@@ -114,8 +116,9 @@ class Rebatcher:
         self._drained = False
         self._lock = threading.Lock()
 
-    def take(self) -> pa.Table | None:
+    def take(self, rows: int | None = None) -> pa.Table | None:
         with self._lock:
+            self._rows = rows or self._rows
             while True:
                 batch = self._full()
                 if batch is None and self._ready():
@@ -323,7 +326,11 @@ class _Run:
     ) -> None:
         try:
             model = ModelStage(
-                stage.model, stage.inputs, gpu=gpu(), threads=self.intra_op[stage.model.name]
+                stage.model,
+                stage.inputs,
+                gpu=gpu(),
+                threads=self.intra_op[stage.model.name],
+                rows=stage.batch_rows,
             )
             try:
                 self._serve(stage, model, batches, out)
@@ -333,13 +340,13 @@ class _Run:
             out.close()
 
     def _serve(self, stage: StagePlan, model: ModelStage, batches: Rebatcher, out: Channel) -> None:
-        while (batch := batches.take()) is not None:
+        while (batch := batches.take(model.batch_rows)) is not None:  # the replica's size now
             began = time.perf_counter()
             result = model(batch)
             self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
             counters = model.clock.take_counters()
             with self._stats_lock:
-                self.stats[stage.model.name].add_splits(*model.clock.take_splits())
+                self.stats[stage.model.name].add_batching(*astuple(model.take_batching()))
                 if counters:
                     self.stats[stage.model.name].add_counters(counters)
                     add_counters(self.counted.setdefault(stage.model.name, {}), counters)

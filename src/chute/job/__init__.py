@@ -12,12 +12,15 @@ from chute.job.fingerprint import describe_changes, fingerprint_of
 from chute.job.spec import JobSpec, Model, Preprocess, Sink
 from chute.job.values import (
     AUTO_BATCH_ROWS,
+    AUTO_MAX_ROWS,
+    AUTO_MEMORY,
     BATCH_FORMATS,
     DEFAULT_BATCH_ROWS,
     ON_ERROR,
     OUTPUT_FORMATS,
     BatchFormat,
     BatchSize,
+    BatchTarget,
     EngineName,
     OnBadInput,
     OnError,
@@ -31,12 +34,15 @@ from chute.job.values import (
 
 __all__ = [
     "AUTO_BATCH_ROWS",
+    "AUTO_MAX_ROWS",
+    "AUTO_MEMORY",
     "BATCH_FORMATS",
     "DEFAULT_BATCH_ROWS",
     "ON_ERROR",
     "OUTPUT_FORMATS",
     "BatchFormat",
     "BatchSize",
+    "BatchTarget",
     "EngineName",
     "JobSpec",
     "Model",

@@ -53,7 +53,10 @@ class Model:
     inputs: tuple[str, ...] | None = None
     """Columns the model sees; ``None`` means every input column (after preprocess)."""
     batch_format: BatchFormat = "pyarrow"
-    batch_size: BatchSize = field(default_factory=BatchSize)
+    batch_size: BatchSize = field(default_factory=BatchSize.adaptive)
+    """Rows per model call: ``auto`` (the default) measures each call and moves toward
+    0.5–2 s and 64 MiB a call; a number of rows or a size such as ``"8MiB"`` is kept
+    (see :class:`BatchSize`)."""
     resources: Resources = field(default_factory=Resources)
     pool: Pool = field(default_factory=Pool)
     args: tuple[Any, ...] = ()

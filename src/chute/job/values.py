@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import inf
 from typing import Any, Literal
 
@@ -23,8 +23,15 @@ OnBadInput = Literal["fail", "skip"]
 ON_ERROR: tuple[str, ...] = ("fail", "quarantine")
 
 DEFAULT_BATCH_ROWS = 16_384
-AUTO_BATCH_ROWS = 65_536
-"""Where ``batch_size: auto`` starts: one read batch; out-of-memory errors halve it."""
+"""The rows of ``BatchSize()``, and what ``auto`` means for an adapter whose engine
+schedules its own batches (vLLM, an OpenAI-compatible server)."""
+AUTO_BATCH_ROWS = 1_024
+"""Where ``batch_size: auto`` starts (fewer when its memory cap says so); it then moves
+toward :class:`BatchTarget` (see :mod:`chute.stages.batching`)."""
+AUTO_MAX_ROWS = 65_536
+"""The largest batch ``auto`` grows to: one read batch."""
+AUTO_MEMORY = 64 * 2**20
+"""Bytes of Arrow input and output one ``auto`` batch may hold."""
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -95,23 +102,75 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class BatchTarget:
+    """What ``batch_size: auto`` aims for; see :mod:`chute.stages.batching`.
+
+    >>> BatchTarget().describe()
+    '0.5–2 s of model time and at most 64 MiB of input and output per batch, at most 65,536 rows'
+    """
+
+    low: float = 0.5
+    """Seconds per call below which the size grows."""
+    high: float = 2.0
+    """Seconds per call above which the size shrinks."""
+    memory: int = AUTO_MEMORY
+    """Bytes of Arrow input and output a call may hold."""
+    max_rows: int = AUTO_MAX_ROWS
+    """The largest size."""
+
+    @property
+    def aim(self) -> float:
+        """The seconds a resize aims at: the band's geometric middle (1 s for 0.5–2 s)."""
+        return float((self.low * self.high) ** 0.5)
+
+    def within(self, timeout: float | None) -> BatchTarget:
+        """The target for a model with a ``timeout``: a call aims at a quarter of it at most."""
+        if timeout is None or self.high <= timeout / 4:
+            return self
+        high = timeout / 4
+        return BatchTarget(min(self.low, high / 4), high, self.memory, self.max_rows)
+
+    def describe(self) -> str:
+        return (
+            f"{self.low:g}–{self.high:g} s of model time and at most "
+            f"{self.memory / 2**20:,.0f} MiB of input and output per batch, at most "
+            f"{self.max_rows:,} rows"
+        )
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.high < inf:
+            raise ConfigError(
+                f"batch_size auto: seconds must be two numbers 0 < low <= high, got "
+                f"{self.low!r}, {self.high!r}."
+            )
+        if self.memory <= 0 or self.max_rows <= 0:
+            raise ConfigError("batch_size auto: memory and max_rows must be > 0.")
+
+
+@dataclass(frozen=True)
 class BatchSize:
     """A batch size in rows, or in bytes of the model's input columns, or ``"auto"``.
 
-    Whatever the size, a model stage that runs out of memory (host ``MemoryError``, CUDA
-    out of memory) splits the batch in half and retries, and keeps the smaller size for that
-    replica. ``"auto"`` starts large (:data:`AUTO_BATCH_ROWS` rows) and relies on that.
+    ``"auto"`` (a model's default) starts at :data:`AUTO_BATCH_ROWS` rows and measures
+    every model call, moving toward ``target``: 0.5–2 s of model time and at most 64 MiB of
+    input and output per call (see :mod:`chute.stages.batching`). Whatever the size, a
+    model stage that runs out of memory (host ``MemoryError``, CUDA out of memory) splits
+    the batch in half and retries, then grows back, probing below the size that failed.
 
     >>> BatchSize.parse("8MiB")
     BatchSize(rows=None, bytes=8388608, auto=False)
     >>> BatchSize.parse("auto").rows
-    65536
+    1024
+    >>> BatchSize.adaptive(seconds=(0.1, 0.4)).target.aim
+    0.2
     """
 
     rows: int | None = DEFAULT_BATCH_ROWS
     bytes: int | None = None
     auto: bool = False
-    """Start at :data:`AUTO_BATCH_ROWS` rows and let out-of-memory splits find the size."""
+    """Start at ``rows`` and move toward ``target``, measuring every model call."""
+    target: BatchTarget = field(default_factory=BatchTarget, repr=False)
+    """What ``auto`` aims for; unused by a fixed size."""
 
     def __post_init__(self) -> None:
         if (self.rows is None) == (self.bytes is None):
@@ -130,10 +189,23 @@ class BatchSize:
         if isinstance(value, int):
             return cls(rows=value)
         if value.strip().lower() == "auto":
-            return cls(rows=AUTO_BATCH_ROWS, auto=True)
+            return cls.adaptive()
         if value.strip().isdigit():
             return cls(rows=int(value))
         return cls(rows=None, bytes=parse_bytes(value))
+
+    @classmethod
+    def adaptive(
+        cls,
+        seconds: tuple[float, float] = (0.5, 2.0),
+        memory: int | str = AUTO_MEMORY,
+        start: int = AUTO_BATCH_ROWS,
+        max_rows: int = AUTO_MAX_ROWS,
+    ) -> BatchSize:
+        """``auto``, aiming for ``seconds`` (low, high) of model time per call and at most
+        ``memory`` of Arrow input and output, from ``start`` rows up to ``max_rows``."""
+        target = BatchTarget(float(seconds[0]), float(seconds[1]), parse_bytes(memory), max_rows)
+        return cls(rows=min(start, max_rows), auto=True, target=target)
 
     def rows_for(self, bytes_per_row: float) -> int:
         """The batch size in rows, given the average input bytes per row."""

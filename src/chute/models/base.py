@@ -100,6 +100,11 @@ class Adapter:
     """The pip extra that installs its framework: ``pip install 'chute[<extra>]'``."""
     wants_rows: ClassVar[bool] = False
     """Whether batches carry the :data:`ROW` column (rows named by place, for seeds)."""
+    auto_batch_rows: ClassVar[int | None] = None
+    """What ``batch_size: auto`` (the default) means for this adapter: ``None``, measured
+    toward a latency and memory target (:mod:`chute.stages.batching`); a number of rows,
+    that size fixed, for an engine that schedules its own batches and wants many rows at
+    once (vLLM, an OpenAI-compatible server)."""
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         self.context = context

@@ -51,6 +51,10 @@ def report_of(run: Run, committer: Committer, stages: dict[str, StageStats]) -> 
     pending = {u.index for u in plan.pending}  # a set: a list made this O(units²)
     skipped = [u for u in plan.units if u.index not in pending]
     stats = dict(stages)
+    for stage in plan.stages:  # what the sizes started at, and whether they could move
+        stat = stats.get(stage.model.name)
+        if stat is not None:
+            stat.batch_start, stat.batch_auto = stage.batch_rows, stage.adaptive
     stats["write"] = committer.write
     return Report(
         fingerprint=run.fingerprint,

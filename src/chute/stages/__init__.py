@@ -4,12 +4,14 @@
 - :mod:`~chute.stages.convert`: batch formats in (pandas, NumPy, Arrow) and outputs back;
 - :mod:`~chute.stages.model`: :class:`ModelStage`, one replica of a model;
 - :mod:`~chute.stages.steps`: the preprocess and an adapter's prepare step;
-- :mod:`~chute.stages.clock`: what each replica measures.
+- :mod:`~chute.stages.clock`: what each replica measures;
+- :mod:`~chute.stages.batching`: how many rows each model call takes (fixed, or ``auto``).
 
 An engine builds these from the plan and moves batches between them; what they do to a
 batch does not depend on the engine.
 """
 
+from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
 from chute.stages.convert import to_columns, to_format
 from chute.stages.model import TIMEOUT_RETRIES, ModelStage
@@ -42,6 +44,8 @@ __all__ = [
     "ROW_MASK",
     "SKIPPED",
     "TIMEOUT_RETRIES",
+    "BatchSizer",
+    "Batching",
     "ModelStage",
     "PrepareStage",
     "PreprocessStage",

@@ -1,5 +1,6 @@
-"""What a stage replica measures: busy seconds, rows, batches, out-of-memory splits, and
-the counters its model reports (an LLM's tokens, requests, finish reasons, errors by kind)."""
+"""What a stage replica measures: busy seconds, rows, batches, and the counters its model
+reports (an LLM's tokens, requests, finish reasons, errors by kind). A model replica's
+batch sizes and out-of-memory splits are its sizer's (:mod:`chute.stages.batching`)."""
 
 from __future__ import annotations
 
@@ -7,23 +8,14 @@ from collections.abc import Mapping
 
 
 class StageClock:
-    """Busy seconds and rows of one stage replica, and its out-of-memory splits."""
+    """Busy seconds and rows of one stage replica, and what its model counted."""
 
     def __init__(self) -> None:
         self.busy = 0.0
         self.rows = 0
         self.batches = 0
-        self.oom_splits = 0
-        """Out-of-memory splits not yet reported (see :meth:`take_splits`)."""
-        self.batch_rows: int | None = None
-        """The most rows the replica predicts at once after a split; ``None`` before one."""
         self.counters: dict[str, float] = {}
         """What the model counted (``Adapter.take_counters``) and was not yet reported."""
-
-    def take_splits(self) -> tuple[int, int | None]:
-        """The splits since the last call, and the rows per batch now; resets the count."""
-        splits, self.oom_splits = self.oom_splits, 0
-        return splits, self.batch_rows
 
     def record(self, seconds: float, rows: int) -> None:
         self.busy += seconds

@@ -2,7 +2,8 @@
 
 Rows a model raises on are isolated by bisection (``on_error: quarantine``) or reported
 with their unit and position (``fail``); an out-of-memory error halves the batch; a call
-past its ``timeout`` replaces the replica.
+past its ``timeout`` replaces the replica. How many rows each call takes is the replica's
+:class:`~chute.stages.batching.BatchSizer`: fixed, or measured (``batch_size: auto``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import pyarrow as pa
 
 from chute.deadline import BatchTimeout, Caller
 from chute.errors import ChuteError, ConfigError, ModelError
-from chute.job import BatchFormat, Model
+from chute.job import AUTO_BATCH_ROWS, DEFAULT_BATCH_ROWS, BatchFormat, Model
 from chute.models import AdapterSpec, ReplicaContext
 from chute.models.base import PREPARED, ROW
 from chute.oom import is_out_of_memory
+from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
 from chute.stages.convert import to_columns, to_format
 from chute.stages.rows import KEY, decode, healthy_rows, keep_mask, mark_failed, scatter
@@ -55,6 +57,8 @@ class ModelStage:
         target: Any = None,
         ctor: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
         gpu: int | None = None,
+        rows: int | None = None,
+        timer: Callable[[], float] = time.perf_counter,
         threads: int | None = None,
     ) -> None:
         """``target`` and ``ctor`` replace ``model.fn`` and its arguments when an engine
@@ -70,6 +74,9 @@ class ModelStage:
         self.clock = StageClock()
         target = resolve(model.fn) if target is None else target
         args, kwargs = ctor if ctor is not None else (model.args, dict(model.kwargs))
+        self.sizer = sizer_for(model, rows, target)
+        """Rows per model call: ``rows`` (the plan's start) kept, or moved (``auto``)."""
+        self._timer = timer
         self._prepared: str | None = None
         """Prefix of the columns an adapter's preparer made for this model."""
         self.timeout = model.timeout
@@ -145,6 +152,16 @@ class ModelStage:
             self.clock.count(take())
         return table
 
+    @property
+    def batch_rows(self) -> int:
+        """The rows this replica's next model call takes."""
+        return self.sizer.rows
+
+    def take_batching(self) -> Batching:
+        """What the sizing did since the last call (resizes, out-of-memory splits, calls),
+        and the size now."""
+        return self.sizer.take()
+
     def _predict(self, view: pa.Table, batch: Any = None) -> dict[str, pa.Array]:
         if batch is None:
             batch = to_format(self._model_view(view), self.batch_format)
@@ -206,25 +223,30 @@ class ModelStage:
         failed rows itself (an ``_error`` column: a message, or null) costs no extra call.
 
         An out-of-memory error is no row's fault: the range is halved and retried, and the
-        replica keeps the smaller size (``clock.batch_rows``) for every later batch.
+        replica's sizer keeps the smaller size until it grows back (:mod:`.batching`).
+        Rows are cut into calls as they come, at the size of the moment, so a size that
+        changes applies to the next call; every whole call (not a bisection's half) is
+        timed and measured for the sizer.
         """
         pieces: list[tuple[int, int, dict[str, pa.Array]]] = []
         failures: list[tuple[int, Exception]] = []
         lower_ok: list[bool | None] = []  # per split: did its lower half succeed?
-        pending = [(lo, hi, -1, -1) for lo, hi in self._chunks(0, view.num_rows)]
+        pending = [(0, view.num_rows, -1, -1)] if view.num_rows else []
         retries = TIMEOUT_RETRIES
         slicer: Callable[[int, int], Any] | None = None  # made at the first failure
         while pending:
             lo, hi, reports, after = pending.pop()
-            if hi - lo > (self.clock.batch_rows or hi - lo):  # queued before a later split
+            if hi - lo > self.sizer.rows:  # cut the next call at the size of the moment
                 pending += [(a, b, -1, -1) for a, b in self._chunks(lo, hi)]
                 continue
             if after >= 0 and lower_ok[after] and hi - lo > 1:  # known to hold a bad row
                 pending += self._halves(lo, hi, lower_ok)
                 continue
             try:
+                began = self._timer()
                 batch = slicer(lo, hi) if slicer is not None else None
                 columns = self._predict(view.slice(lo, hi - lo), batch)
+                took = self._timer() - began
             except Exception as exc:
                 if slicer is None and not is_out_of_memory(exc):
                     slicer = self._slicer(view)
@@ -249,6 +271,8 @@ class ModelStage:
                 continue
             if reports >= 0:
                 lower_ok[reports] = True
+            elif after < 0:  # a whole call, not a bisection's half: the sizer learns from it
+                self.sizer.fitted(hi - lo, took, _nbytes(view, self.inputs, lo, hi, columns))
             failures += self._marked(view, lo, columns)
             pieces.append((lo, hi, columns))
         pieces.sort(key=lambda piece: piece[0])
@@ -280,10 +304,10 @@ class ModelStage:
         return failed
 
     def _chunks(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """``lo..hi`` in pieces of at most ``clock.batch_rows``, the first piece last (popped
-        first)."""
-        step = self.clock.batch_rows or max(hi - lo, 1)
-        return [(start, min(start + step, hi)) for start in range(lo, hi, step)][::-1]
+        """The next call's rows (``lo`` and the sizer's rows on) and the rest after them,
+        the call last (popped first)."""
+        cut = min(lo + self.sizer.rows, hi)
+        return [(cut, hi), (lo, cut)] if cut < hi else [(lo, hi)]
 
     def _split_for_memory(
         self, view: pa.Table, lo: int, hi: int, exc: Exception
@@ -291,9 +315,7 @@ class ModelStage:
         """Halve the replica's batch after an out-of-memory error on rows ``lo..hi``."""
         if hi - lo == 1:
             raise self._out_of_memory(view, lo, exc) from exc
-        half = (hi - lo + 1) // 2
-        self.clock.batch_rows = min(half, self.clock.batch_rows or half)
-        self.clock.oom_splits += 1
+        self.sizer.out_of_memory(hi - lo)
         return self._chunks(lo, hi)
 
     def _out_of_memory(self, view: pa.Table, row: int, exc: Exception) -> ModelError:
@@ -342,3 +364,24 @@ class ModelStage:
         text = repr(shown)
         text = text if len(text) <= 500 else text[:500] + "…"
         return int(unit[0]), int(position[0]), text
+
+
+def sizer_for(model: Model, rows: int | None = None, target: Any = None) -> BatchSizer:
+    """The sizer of a replica: from ``rows`` (the plan's start, or the model's own size),
+    measured toward the model's target under ``auto`` — unless the model is an adapter
+    whose engine schedules its own batches (``Adapter.auto_batch_rows``): then fixed."""
+    size = model.batch_size
+    if isinstance(target, str) or target is None:
+        target = model.fn
+    own = None
+    if isinstance(target, AdapterSpec):
+        own = target.load_class(check=False).auto_batch_rows
+    if not size.auto or own is not None:
+        return BatchSizer(rows or own or size.rows or DEFAULT_BATCH_ROWS)
+    return BatchSizer(rows or size.rows or AUTO_BATCH_ROWS, size.target.within(model.timeout))
+
+
+def _nbytes(view: pa.Table, inputs: list[str], lo: int, hi: int, out: dict[str, pa.Array]) -> int:
+    """Bytes of a call's input columns and its outputs, as Arrow holds them."""
+    held = view.slice(lo, hi - lo).select(inputs).nbytes
+    return int(held + sum(array.nbytes for array in out.values()))

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from chute.engines import carried
 from chute.errors import ChuteError
-from chute.job import Model, Preprocess
+from chute.job import AUTO_MAX_ROWS, Model, Preprocess
 from chute.models.base import limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
@@ -158,10 +158,13 @@ class PrepareTask:
 class ModelActor:
     """One replica of a model stage in a Ray actor; the last stage also writes.
 
-    It gets whole blocks and cuts them into batches of ``rows`` itself: asked for batches,
+    It gets whole blocks and its stage cuts them into model calls itself, ``rows`` at first,
+    then at the size its sizer settles on (:mod:`chute.stages.batching`): asked for batches,
     Ray Data would bundle blocks until they hold a batch, so that a unit's last block
     waited for blocks of other units, and the unit for its commit (see
-    :meth:`RayEngine._model_stage`). Its intra-op threads are the plan's
+    :meth:`RayEngine._model_stage`). A block goes through the stage, and is written, in
+    pieces of at most :data:`~chute.job.AUTO_MAX_ROWS` rows (or ``rows``, if more): one
+    part per piece, however small the model's calls. Its intra-op threads are the plan's
     (:func:`chute.engines.resources.plan_threads`), not the ``OMP_NUM_THREADS`` Ray set
     from its CPU token.
     """
@@ -187,6 +190,7 @@ class ModelActor:
                 target=ray.get(target) if target is not None else None,
                 ctor=ray.get(ctor) if ctor is not None else None,
                 threads=threads,
+                rows=rows,
             )
             limit_threads(threads)  # torch, if the model loaded it (or it came unpickled)
         except ChuteError as exc:
@@ -199,8 +203,9 @@ class ModelActor:
     def __call__(self, block: pa.Table) -> pa.Table:
         if self.failed is not None:
             raise self.failed
-        starts = range(0, max(block.num_rows, 1), self.rows)
-        outs = [self._batch(block.slice(start, self.rows)) for start in starts]
+        step = max(self.rows, AUTO_MAX_ROWS)
+        starts = range(0, max(block.num_rows, 1), step)
+        outs = [self._batch(block.slice(start, step)) for start in starts]
         return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="permissive")
 
     def _batch(self, table: pa.Table) -> pa.Table:
@@ -208,13 +213,14 @@ class ModelActor:
         clock, name = self.stage.clock, self.stage.name
         busy, clock.busy = clock.busy, 0.0
         counters = clock.take_counters()
+        batching = self.stage.take_batching()
         if self.writer is None:  # a later stage writes: the stats travel with the rows
-            return carried.carry(out, name, busy, clock.take_splits(), counters)
+            return carried.carry(out, name, busy, batching, counters)
         out, totals = carried.collect(out)
-        splits, batch_rows = clock.take_splits()
-        mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows), "splits": splits}
+        mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows)}
+        mine.update(carried.batching_entry(batching))
         mine.update({carried.COUNTED + k: v for k, v in counters.items()})
-        carried.add(totals, {name: {**mine, "batch_rows": float(batch_rows or 0)}})
+        carried.add(totals, {name: mine})
         records = records_to_table(self.writer.write(out))
         text = [carried.encode(totals)] + [""] * (records.num_rows - 1)
         return records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))

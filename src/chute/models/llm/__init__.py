@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError, did_you_mean
+from chute.job import DEFAULT_BATCH_ROWS
 from chute.models.base import ROW, Adapter, ReplicaContext
 from chute.models.common import rename, renamed
 from chute.models.llm.engine import Engine, columns, load_llm
@@ -69,6 +70,7 @@ class VLLMAdapter(Adapter):
     kind: ClassVar[str] = "vllm"
     extra: ClassVar[str | None] = "vllm"
     wants_rows: ClassVar[bool] = True
+    auto_batch_rows: ClassVar[int | None] = DEFAULT_BATCH_ROWS  # it batches by itself
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         super().__init__(context, **options)

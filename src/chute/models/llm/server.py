@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from chute.errors import ConfigError, ModelError, did_you_mean
+from chute.job import DEFAULT_BATCH_ROWS
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import rename, renamed
 from chute.models.llm.engine import columns
@@ -79,6 +80,7 @@ class OpenAIAdapter(Adapter):
     kind: ClassVar[str] = "openai"
     extra: ClassVar[str | None] = "openai"
     wants_rows: ClassVar[bool] = True
+    auto_batch_rows: ClassVar[int | None] = DEFAULT_BATCH_ROWS  # it batches by itself
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         import httpx
