@@ -6,6 +6,17 @@
   written only after those parts are in place, so a crash at any moment leaves a ledger
   that names only complete units. Two layouts, one meaning:
 
+  - **Files shared by units.** Writers join small pieces into files up to a target size
+    (:class:`~chute.job.FileTarget`), so one data file may hold the whole of several units
+    (never part of a unit beside another: :func:`chute.sinks.file_groups`). Each of those
+    units' lines names the file with the unit's own rows in it, the file's bytes, and how
+    many units it holds: ``[path, rows, bytes, units]``. Such units complete together and
+    are committed in one ledger write; should a crash tear that write, a resume trusts a
+    shared file's units only when all ``units`` of them are in the ledger, and forgets the
+    others (:meth:`Ledger.reconcile`), so the file is an orphan, removed, and every unit in
+    it is redone: no row twice, none lost. A file is deleted only when no trusted unit
+    names it.
+
   - on a local filesystem, ``ledger.jsonl``, appended to (a torn last line is ignored);
   - on an object store, which has neither append nor rename, one object per commit batch,
     ``ledger/<seq>-<uuid>.jsonl``, each written whole in one PUT. The driver batches the
@@ -314,11 +325,12 @@ class Ledger:
         the same unit supersedes it, and a later resume forgets it again meanwhile.
         """
         sizes = self._files()
-        broken = sorted(u for u, e in self._entries.items() if not self._intact(e, sizes))
+        broken = {u for u, e in self._entries.items() if not self._intact(e, sizes)}
+        broken |= _unshared(self._entries, broken)
         for unit in broken:
             del self._entries[unit]
         self._remove_orphans(sizes)
-        return broken
+        return sorted(broken)
 
     def _files(self) -> dict[str, int | None]:
         """Every file of the location's top level and errors folder, with its size."""
@@ -385,7 +397,7 @@ class Ledger:
     def manifest(self, fingerprint: Any = None) -> dict[str, Any]:
         """Every file of the result, in unit order: what a downstream reader trusts."""
         entries = sorted(self._entries.values(), key=lambda e: (e.get("index", 0), e["unit"]))
-        files = [f for e in entries for f in _files(e)]
+        files = _merged(f for e in entries for f in _files(e))
         data = [f for f in files if not f["path"].startswith(f"{self.errors_dir}/")]
         return {
             "fingerprint": fingerprint,
@@ -401,7 +413,45 @@ class Ledger:
 
 
 def _files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The files of a ledger entry with rows and bytes (``None`` in an old ledger's)."""
+    """The files of a ledger entry with the unit's rows in each, the file's bytes (``None``
+    in an old ledger's) and how many units the file holds."""
     if "files" in entry:
-        return [{"path": p, "rows": r, "bytes": b} for p, r, b in entry["files"]]
-    return [{"path": p, "rows": None, "bytes": None} for p in entry["parts"]]
+        return [
+            {"path": f[0], "rows": f[1], "bytes": f[2], "units": f[3] if len(f) > 3 else 1}
+            for f in entry["files"]
+        ]
+    return [{"path": p, "rows": None, "bytes": None, "units": 1} for p in entry["parts"]]
+
+
+def _unshared(entries: dict[str, dict[str, Any]], broken: set[str]) -> set[str]:
+    """Units that name a shared file whose other units are not all trusted (a torn commit,
+    or one of them broken): they are forgotten too, until nothing changes."""
+    holders: dict[str, list[str]] = {}
+    declared: dict[str, int] = {}
+    for unit, entry in entries.items():
+        for f in _files(entry):
+            if f["units"] > 1:
+                holders.setdefault(f["path"], []).append(unit)
+                declared[f["path"]] = f["units"]
+    forgotten = set(broken)
+    changed = True
+    while changed:
+        changed = False
+        for path, units in holders.items():
+            trusted = [u for u in units if u not in forgotten]
+            if trusted and len(trusted) < declared[path]:
+                forgotten.update(trusted)
+                changed = True
+    return forgotten - broken
+
+
+def _merged(files: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each file once, in order, with the rows of all its units: what a manifest lists."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in files:
+        if f["path"] in out:
+            seen = out[f["path"]]
+            seen["rows"] = None if None in (seen["rows"], f["rows"]) else seen["rows"] + f["rows"]
+        else:
+            out[f["path"]] = {"path": f["path"], "rows": f["rows"], "bytes": f["bytes"]}
+    return list(out.values())

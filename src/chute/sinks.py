@@ -1,12 +1,21 @@
-"""Writers: each part is written whole under a unique name (locally under a temporary name
-and renamed into place; on an object store in one upload, which is atomic); the writer
-returns one small record per part, never the rows (unless the result is wanted in memory).
+"""Writers: each data file is written whole under a unique name (locally under a temporary
+name and renamed into place; on an object store in one upload, which is atomic); the writer
+returns one small record per run of a unit's rows in it, never the rows (unless the result
+is wanted in memory).
+
+A file sink's data file holds either the whole of one or more units, or rows of a single
+unit (a large unit spans several files): never part of a unit beside another unit. So the
+units of a file are all complete the moment it is written and commit together, and a unit
+whose files are not all in place shares none of them with a committed unit (see
+:mod:`chute.ledger`). Files grow up to the sink's :class:`~chute.job.FileTarget`; the
+records of one file name it and say how many units it holds (``file_units``).
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,7 +29,7 @@ import pyarrow.parquet as pq
 
 from chute.evaluation import Evaluation
 from chute.formats import check_csv, openai_lines, to_jsonl
-from chute.job import Sink
+from chute.job import FileTarget, Sink
 from chute.retry import retrying
 from chute.stages import (
     EMPTY,
@@ -98,6 +107,8 @@ class PartRecord:
     """Bytes of the errors part."""
     table: str = ""
     """For a table output: the part's schema (and a Lance fragment), :func:`part_info`."""
+    file_units: int = 1
+    """How many units have rows in ``path``: more than one only for a file of whole units."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -116,6 +127,7 @@ RECORD_SCHEMA = pa.schema(
         ("metrics", pa.binary()),
         ("errors_nbytes", pa.int64()),
         ("table", pa.string()),
+        ("file_units", pa.int64()),
     ]
 )
 
@@ -143,13 +155,21 @@ def runs(keys: np.ndarray) -> list[tuple[int, int, int, int, int]]:
 
 
 class PartWriter:
-    """Writes the output columns of a batch as one part per contiguous run of a unit."""
+    """Writes the output columns of a batch: to files of whole units and of single units'
+    rows up to the sink's target (a file sink), or one part per contiguous run of a unit
+    (a table, or the result kept in memory)."""
 
     def __init__(self, output: Output) -> None:
         self.output = output
         self.sink = output.sink
+        self.target = output.sink.target if output.sink is not None else FileTarget()
         self._fs: pafs.FileSystem | None = None
         self._root = ""
+
+    @property
+    def joins(self) -> bool:
+        """Whether runs of several units may share a file (a file sink, not a table)."""
+        return self.sink is not None and not isinstance(self.sink, TableSink)
 
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
@@ -164,35 +184,64 @@ class PartWriter:
         return ERRORS_DIR if errors else ""
 
     def write(self, table: pa.Table) -> list[PartRecord]:
+        """Write ``table`` (rows of one or more units, in any order) and describe it."""
         if table.num_rows == 0:
             return []
+        if self.joins:
+            table = in_key_order(table)
         keys = table.column(KEY).to_numpy()
         errors = None
         if ERROR_MODEL in table.column_names:
             errors = _select(table, [*self.output.carryover, *ERROR_COLUMNS])
         full, table = table, _select(table, [*self.output.columns(table.column_names), KEY])
-        records = []
+        records, rows = [], []
         for lo, hi, unit, start, total in runs(keys):
-            record = self._write_run(
+            record, healthy = self._write_run(
                 table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total
             )
             if self.output.evaluation and record.end > record.start and not record.skipped:
                 written = _healthy(full.slice(lo, hi - lo))
                 record = replace(record, metrics=self.output.evaluation.measure(written))
             records.append(record)
-        return records
+            rows.append(healthy)
+        return self._write_files(records, rows) if self.joins else records
+
+    def _write_files(
+        self, records: list[PartRecord], rows: list[pa.Table | None]
+    ) -> list[PartRecord]:
+        """Write the runs' rows as files (see :func:`file_groups`); each record names its file."""
+        out = list(records)
+        for group in file_groups(records, rows, self.target):
+            began = time.perf_counter()
+            first = records[group[0]]
+            data = _concat([rows[i] for i in group if rows[i] is not None])
+            path, size = self._put(data.drop_columns([KEY]), first.unit, first.start, "")
+            seconds = time.perf_counter() - began
+            units = len({records[i].unit for i in group})
+            for i in group:
+                share = seconds * (records[i].end - records[i].start) / max(data.num_rows, 1)
+                out[i] = replace(
+                    records[i],
+                    path=path,
+                    nbytes=size,
+                    seconds=records[i].seconds + share,
+                    file_units=units,
+                )
+        return out
 
     def _write_run(
         self, part: pa.Table, errors: pa.Table | None, unit: int, start: int, total: int
-    ) -> PartRecord:
+    ) -> tuple[PartRecord, pa.Table | None]:
+        """A run's errors part written, and its record; its healthy rows too when they are
+        left to :meth:`_write_files` (a file sink), else written here as a part."""
         began = time.perf_counter()
         end = start + part.num_rows
         marker = errors.column(ERROR_MODEL)[0].as_py() if errors is not None else None
         if errors is not None and marker == SKIPPED:
             reason = str(errors.column(ERROR_MESSAGE)[0].as_py())  # an unreadable unit
-            return PartRecord(unit, 0, 0, 0, "", 0, 0.0, skipped=reason)  # no rows in it
+            return PartRecord(unit, 0, 0, 0, "", 0, 0.0, skipped=reason), None  # no rows
         if marker == EMPTY:  # a unit without rows: done, with nothing to write
-            return PartRecord(unit, 0, 0, 0, "", 0, 0.0)
+            return PartRecord(unit, 0, 0, 0, "", 0, 0.0), None
         failed = _failed_mask(errors)
         if failed is None or errors is None:
             errors = None
@@ -204,9 +253,26 @@ class PartWriter:
         error_rows = 0 if errors is None else errors.num_rows
         if self.sink is None:
             data = _ipc(part)
-            return PartRecord(
+            record = PartRecord(
                 unit, start, end, total, "", len(data), 0.0, data, error_rows=error_rows
             )
+            return record, None
+        if self.joins:  # the rows go to a file with others' (_write_files)
+            bad, bad_size = self._put_errors(errors, unit, start)
+            seconds = time.perf_counter() - began
+            record = PartRecord(
+                unit,
+                start,
+                end,
+                total,
+                "",
+                0,
+                seconds,
+                errors_path=bad,
+                error_rows=error_rows,
+                errors_nbytes=bad_size,
+            )
+            return record, part if part.num_rows else None
         data, table = part.drop_columns([KEY]), ""
         if isinstance(self.sink, TableSink) and part.num_rows:
             if self.sink.sort_by:
@@ -219,13 +285,9 @@ class PartWriter:
         else:
             folder = self._folder(errors=False)
             path, size = self._put(data, unit, start, folder) if part.num_rows else ("", 0)
-        bad, bad_size = (
-            self._put(errors, unit, start, self._folder(errors=True))
-            if errors is not None
-            else ("", 0)
-        )
+        bad, bad_size = self._put_errors(errors, unit, start)
         seconds = time.perf_counter() - began
-        return PartRecord(
+        record = PartRecord(
             unit,
             start,
             end,
@@ -238,6 +300,13 @@ class PartWriter:
             errors_nbytes=bad_size,
             table=table,
         )
+        return record, None
+
+    def _put_errors(self, errors: pa.Table | None, unit: int, start: int) -> tuple[str, int]:
+        """A run's failed rows as an errors part of its own (quarantine); ``("", 0)``: none."""
+        if errors is None:
+            return "", 0
+        return self._put(errors, unit, start, self._folder(errors=True))
 
     def _put_lance(self, data: pa.Table) -> tuple[str, int, str]:
         """Write a part as Lance fragments (uncommitted): its first file, bytes, info."""
@@ -275,6 +344,76 @@ class PartWriter:
         payload = encode(table, fmt)
         retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
         return relative, len(payload)
+
+
+def in_key_order(table: pa.Table) -> pa.Table:
+    """``table`` with its rows by unit, then row (pieces joined as they came may not be)."""
+    keys = table.column(KEY).to_numpy()
+    order = np.where(keys < 0, -keys - 1, keys)
+    if len(order) < 2 or bool((np.diff(order) > 0).all()):
+        return table
+    return table.take(pa.array(np.argsort(order, kind="stable")))
+
+
+def file_groups(
+    records: Sequence[PartRecord], rows: Sequence[pa.Table | None], target: FileTarget
+) -> list[list[int]]:
+    """Which runs share a data file (indexes into ``records``; runs without rows in none).
+
+    Units whose every row is here (``whole``) are packed, in order, into files up to
+    ``target``; the runs of any other unit into files of their own. A file is never part
+    of one unit beside another, so its units are complete once it is written.
+    """
+    by_unit: dict[int, list[int]] = {}
+    for i, record in enumerate(records):
+        if rows[i] is not None:
+            by_unit.setdefault(record.unit, []).append(i)
+
+    def joined(runs: list[int]) -> bool:  # whole, and not larger than a file
+        tables = [t for t in (rows[i] for i in runs) if t is not None]
+        small = sum(t.nbytes for t in tables) <= target.bytes
+        fewer = sum(t.num_rows for t in tables) <= (target.rows or sys.maxsize)
+        return small and fewer and _whole([records[i] for i in runs])
+
+    groups = _pack([runs for runs in by_unit.values() if joined(runs)], rows, target)
+    for runs in by_unit.values():
+        if not joined(runs):
+            groups += _pack([[i] for i in runs], rows, target)
+    return groups
+
+
+def _whole(records: list[PartRecord]) -> bool:
+    """Whether the runs hold every row of their unit: 0 to its last row, without a gap."""
+    reached = 0
+    for record in sorted(records, key=lambda r: r.start):
+        if record.start != reached:
+            return False
+        reached = record.end
+    return any(r.unit_rows == reached for r in records)
+
+
+def _pack(
+    items: list[list[int]], rows: Sequence[pa.Table | None], target: FileTarget
+) -> list[list[int]]:
+    """Consecutive items (each a list of runs kept together) in groups up to ``target``."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    size = count = 0
+    for item in items:
+        tables = [t for t in (rows[i] for i in item) if t is not None]
+        nbytes, n = sum(t.nbytes for t in tables), sum(t.num_rows for t in tables)
+        if group and (size + nbytes > target.bytes or count + n > (target.rows or count + n)):
+            groups.append(group)
+            group, size, count = [], 0, 0
+        group += item
+        size, count = size + nbytes, count + n
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
 def _select(table: pa.Table, names: list[str]) -> pa.Table:

@@ -44,7 +44,9 @@ def _sink(
     if output.format in ("parquet", "csv", "jsonl", "openai-batch"):
         if not path:
             raise ConfigError("output: needs a `path` (the directory results go to).")
-        return Sink(_resolve(path, base), output.format, storage)
+        return Sink(
+            _resolve(path, base), output.format, storage, output.file_size, output.file_rows
+        )
     from chute.tables import Index, TableSink
 
     index = Index(**output.index.model_dump()) if output.index else None

@@ -87,6 +87,11 @@ class OutputConfig(_Strict):
     ``day(pickup_at)``."""
     index: IndexConfig | None = None
     commit_seconds: float = Field(default=5.0, ge=0)
+    file_size: int | str | None = None
+    """The target size of a data file: ``128MiB`` (the default) or bytes; checked by
+    :class:`~chute.job.FileTarget`, whose error names the key."""
+    file_rows: int | None = Field(default=None, ge=1)
+    """At most this many rows a data file, as well."""
 
 
 class StorageConfig(_Strict):

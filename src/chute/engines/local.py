@@ -24,6 +24,7 @@ from functools import partial
 
 import pyarrow as pa
 
+from chute.coalesce import Coalescer
 from chute.engines import Commit, EngineOptions
 from chute.engines.resources import (
     StageResources,
@@ -47,6 +48,10 @@ class Stopped(Exception):
     """Raised inside a worker thread when the pipeline is shutting down."""
 
 
+class Idle(Exception):
+    """Raised by :meth:`Channel.get` when nothing arrived within its timeout."""
+
+
 class Channel:
     """A bounded multi-producer, multi-consumer queue that knows when it is finished."""
 
@@ -64,11 +69,15 @@ class Channel:
             self._items.append(item)
             self._cond.notify_all()
 
-    def get(self) -> pa.Table | None:
-        """The next item, or ``None`` once every producer has closed and it is empty."""
+    def get(self, timeout: float | None = None) -> pa.Table | None:
+        """The next item, or ``None`` once every producer has closed and it is empty;
+        :class:`Idle` if ``timeout`` seconds pass without either."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._items and self._open > 0:
-                self._wait()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Idle
+                self._wait(0.1 if deadline is None else min(0.1, deadline - time.monotonic()))
             if not self._items:
                 return None
             item = self._items.popleft()
@@ -90,10 +99,10 @@ class Channel:
             self._open -= 1
             self._cond.notify_all()
 
-    def _wait(self) -> None:
+    def _wait(self, seconds: float = 0.1) -> None:
         if self._stop.is_set():
             raise Stopped
-        self._cond.wait(0.1)
+        self._cond.wait(max(seconds, 0.0))
 
 
 class Rebatcher:
@@ -248,7 +257,8 @@ class _Run:
         channel = self._preprocess(channel)
         for stage in plan.stages:
             channel = self._model(stage, channel)
-        self._spawn("write", writers, partial(self._write, channel))
+        files = Coalescer(PartWriter(plan.output))  # shared: files of several batches
+        self._spawn("write", writers, partial(self._write, channel, files))
 
     def _channel(self, producers: int) -> Channel:
         return Channel(CHANNEL_BATCHES, producers, self.stop)
@@ -364,10 +374,23 @@ class _Run:
         finally:
             out.close()
 
-    def _write(self, source: Channel) -> None:
-        writer = PartWriter(self.plan.output)
-        while (batch := source.get()) is not None:
-            self.records.put(writer.write(batch))
+    def _write(self, source: Channel, files: Coalescer) -> None:
+        """Hand batches to the shared coalescer; write what it holds when it is due (a
+        ready unit waited its longest) and, at the end of the input, everything."""
+        while True:
+            try:
+                batch = source.get(timeout=files.wait())
+            except Idle:
+                self._send(files.flush())
+                continue
+            if batch is None:
+                break
+            self._send(files.add(batch))
+        self._send(files.flush(everything=True))
+
+    def _send(self, records: list[PartRecord]) -> None:
+        if records:
+            self.records.put(records)
 
     def drive(self, commit: Commit) -> dict[str, StageStats]:
         """Start the threads and commit records on this (the driver) thread until done."""

@@ -9,7 +9,7 @@ before anything is read; ``chute.Job.run()`` hands the job to the runner.
 """
 
 from chute.job.fingerprint import describe_changes, fingerprint_of
-from chute.job.spec import JobSpec, Model, Preprocess, Sink
+from chute.job.spec import FileTarget, JobSpec, Model, Preprocess, Sink
 from chute.job.values import (
     AUTO_BATCH_ROWS,
     AUTO_MAX_ROWS,
@@ -44,6 +44,7 @@ __all__ = [
     "BatchSize",
     "BatchTarget",
     "EngineName",
+    "FileTarget",
     "JobSpec",
     "Model",
     "OnBadInput",

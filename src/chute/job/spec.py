@@ -23,12 +23,86 @@ from chute.job.values import (
     Resources,
     UserFn,
     check_timeout,
+    parse_bytes,
 )
 from chute.usercode import code_files
 
 if TYPE_CHECKING:
     from chute.sources import Source
     from chute.storage import StorageOptions
+
+
+DEFAULT_FILE_SIZE = 128 * 2**20
+"""The default target of an output file: 128 MiB of rows as Arrow holds them in memory."""
+MIN_FILE_SIZE = 2**10
+
+
+@dataclass(frozen=True)
+class FileTarget:
+    """How large an output file grows before the writer starts the next one.
+
+    ``bytes`` counts the rows as Arrow holds them in memory (the file on disk is smaller:
+    Parquet compresses); ``rows``, when set, caps the rows too. Writers join consecutive
+    small pieces, several units' rows among them, into one file up to the target.
+
+    >>> FileTarget.parse("64MiB", None).bytes
+    67108864
+    """
+
+    bytes: int = DEFAULT_FILE_SIZE
+    rows: int | None = None
+
+    @classmethod
+    def parse(cls, size: object, rows: object) -> FileTarget:
+        """From a job's ``file_size`` (``"128MiB"``, bytes) and ``file_rows`` (rows, or
+        ``None``); a bad value is a :class:`~chute.errors.ConfigError` naming the key."""
+        return cls(_file_size(size), _file_rows(rows))
+
+    def rows_for(self, nbytes: int, num_rows: int) -> int:
+        """How many rows of a table of ``num_rows`` rows and ``nbytes`` bytes fill a file."""
+        by_size = self.bytes * num_rows // max(nbytes, 1) if num_rows else self.bytes
+        return max(1, min(by_size, self.rows or by_size))
+
+    def describe(self) -> str:
+        """``128 MiB`` or ``128 MiB or 100,000 rows``: what ``chute plan`` shows."""
+        size = _show_bytes(self.bytes)
+        return f"{size} or {self.rows:,} rows" if self.rows else size
+
+
+def _file_size(value: object) -> int:
+    fix = "write it like '128MiB' (the default) or a number of bytes"
+    if value is None:
+        return DEFAULT_FILE_SIZE
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f"output file_size {value!r} is not a size: {fix}.")
+    try:
+        size = parse_bytes(value)
+    except ConfigError:
+        raise ConfigError(f"output file_size {value!r} is not a size: {fix}.") from None
+    if size < MIN_FILE_SIZE:
+        raise ConfigError(
+            f"output file_size {value!r} is under {MIN_FILE_SIZE} bytes: one file a few rows. "
+            f"{fix[0].upper()}{fix[1:]}; to cap rows, set file_rows."
+        )
+    return size
+
+
+def _file_rows(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"output file_rows {value!r} is not a positive number of rows: write it like "
+            "100000, or leave it out to cut files by file_size only."
+        )
+    return value
+
+
+def _show_bytes(value: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size and value % (size // 16) == 0:
+            return f"{value / size:g} {unit}"
+    return f"{value:,} bytes"
 
 
 @dataclass(frozen=True)
@@ -128,15 +202,28 @@ class Sink:
     storage: StorageOptions | None = None
     """How to reach remote storage (endpoint, region, anonymous); never credentials.
     The endpoint is taken from ``AWS_ENDPOINT_URL(_S3)`` here, on the driver."""
+    file_size: int | str | None = None
+    """The target size of a data file (``"128MiB"``, the default, or bytes), counted as
+    Arrow holds the rows in memory: writers join small pieces, several units' rows among
+    them, into files up to this size (see :class:`~chute.job.values.FileTarget`). Not part
+    of the job's fingerprint: a resume may write files of another size."""
+    file_rows: int | None = None
+    """At most this many rows a data file, as well (none by default)."""
 
     def __post_init__(self) -> None:
         from chute.storage import StorageOptions
 
         object.__setattr__(self, "storage", (self.storage or StorageOptions()).with_env())
+        object.__setattr__(self, "file_size", self.target.bytes)  # checked, in bytes
         if self.format not in OUTPUT_FORMATS:
             raise ConfigError(
                 f"output format {self.format!r} is not one of {', '.join(OUTPUT_FORMATS)}."
             )
+
+    @property
+    def target(self) -> FileTarget:
+        """The size a data file grows to (``file_size``, ``file_rows``)."""
+        return FileTarget.parse(self.file_size, self.file_rows)
 
 
 @dataclass(frozen=True)

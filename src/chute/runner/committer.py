@@ -177,16 +177,8 @@ class Committer:
             "index": index,
             "rows": rows,
             "errors": failed,
-            "parts": [f for p in parts for f in (p.path, p.errors_path) if f],
-            "files": [
-                [path, rows, size]
-                for p in parts
-                for path, rows, size in (
-                    (p.path, p.end - p.start - p.error_rows, p.nbytes),
-                    (p.errors_path, p.error_rows, p.errors_nbytes),
-                )
-                if path
-            ],
+            "parts": list(dict.fromkeys(f for p in parts for f in (p.path, p.errors_path) if f)),
+            "files": _files(parts),
         }
         states = self._unit_states.pop(index, {})
         if states:
@@ -215,3 +207,23 @@ class Committer:
             return None
         ordered = sorted(self._tables, key=lambda t: (t[0], t[1]))
         return pa.concat_tables([t for _, _, t in ordered]).drop_columns([KEY])
+
+
+def _files(parts: list[PartRecord]) -> list[list[Any]]:
+    """A unit's files for the ledger: ``[path, rows, bytes]``, the unit's rows in a file
+    (its runs in one file added up) and the file's bytes; a file that holds other units
+    too adds how many units it holds (``[path, rows, bytes, units]``, see
+    :mod:`chute.ledger`)."""
+    files: dict[str, list[Any]] = {}
+    for p in parts:
+        for path, rows, size, units in (
+            (p.path, p.end - p.start - p.error_rows, p.nbytes, p.file_units),
+            (p.errors_path, p.error_rows, p.errors_nbytes, 1),
+        ):
+            if not path:
+                continue
+            if path in files:
+                files[path][1] += rows
+            else:
+                files[path] = [path, rows, size] + ([units] if units > 1 else [])
+    return list(files.values())
