@@ -204,7 +204,9 @@ class PartWriter:
                 record = replace(record, metrics=self.output.evaluation.measure(written))
             records.append(record)
             rows.append(healthy)
-        return self._write_files(records, rows) if self.joins else records
+        if not self.joins:
+            return records
+        return self._write_files(*_cut(records, rows, self.target))
 
     def _write_files(
         self, records: list[PartRecord], rows: list[pa.Table | None]
@@ -380,6 +382,37 @@ def file_groups(
         if not joined(runs):
             groups += _pack([[i] for i in runs], rows, target)
     return groups
+
+
+def _cut(
+    records: list[PartRecord], rows: list[pa.Table | None], target: FileTarget
+) -> tuple[list[PartRecord], list[pa.Table | None]]:
+    """Runs larger than a file cut into runs of a file each (a run with failed rows is
+    left whole: its rows no longer match its row range)."""
+    out_records: list[PartRecord] = []
+    out_rows: list[pa.Table | None] = []
+    for record, table in zip(records, rows, strict=True):
+        step = 0 if table is None else target.rows_for(table.nbytes, table.num_rows)
+        if table is None or record.error_rows or table.num_rows <= step:
+            out_records.append(record)
+            out_rows.append(table)
+            continue
+        for lo in range(0, table.num_rows, step):
+            piece = table.slice(lo, step)
+            last = lo + piece.num_rows == table.num_rows
+            out_records.append(
+                replace(
+                    record,
+                    start=record.start + lo,
+                    end=record.start + lo + piece.num_rows,
+                    unit_rows=record.unit_rows if last else -1,
+                    metrics=record.metrics if lo == 0 else b"",
+                    errors_path=record.errors_path if lo == 0 else "",
+                    errors_nbytes=record.errors_nbytes if lo == 0 else 0,
+                )
+            )
+            out_rows.append(piece)
+    return out_records, out_rows
 
 
 def _whole(records: list[PartRecord]) -> bool:

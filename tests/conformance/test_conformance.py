@@ -40,6 +40,7 @@ from chute.ledger import Ledger
 from chute.metrics import metric_from_spec
 from chute.storage import resolve
 from tests.chaos_job import METRICS, driver_env, make_data, reap, start_driver, wait_for
+from tests.conftest import TAXI_ROWS
 from tests.gated_job import ROWS_PER_UNIT, write_job
 
 CARRY = ("trip_id", "payment_type")
@@ -186,6 +187,34 @@ def test_ledger_names_every_unit_once_and_the_manifest_every_part(
     parts = {p.name for p in out.iterdir() if p.name.startswith("part-")}
     assert {f["path"] for f in manifest["files"]} == parts
     assert manifest["rows"] == sum(rows.values())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("file_rows", "most"),
+    [
+        pytest.param(None, 12, id="default-target"),  # the demo: at most a file an input file
+        pytest.param(2_500, None, id="small-target"),  # units (5,000 rows) span files
+    ],
+)
+def test_output_files_are_right_sized_and_hold_every_row_once(
+    engine: str, taxi_dir: Path, tmp_path: Path, file_rows: int | None, most: int | None
+) -> None:
+    out = tmp_path / "out"
+    job = taxi_job(taxi_dir, None, engine)
+    job = replace(job, output=chute.Sink(str(out), file_rows=file_rows))
+    job.run()
+    parts = sorted(p for p in out.iterdir() if p.name.startswith("part-"))
+    sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts]
+    if most is not None:
+        assert len(parts) <= most, f"{len(parts)} data files for 12 input files"
+    if file_rows is not None:
+        assert max(sizes) <= file_rows and len(parts) >= TAXI_ROWS // file_rows
+    got = read_output(out).sort_by("trip_id")
+    assert got.equals(expected(taxi_dir))  # every row once, with its values
+    entries = Ledger(*resolve(str(out))).read_entries()
+    named = {p for e in entries.values() for p in e["parts"]}
+    assert named == {p.name for p in parts}  # no orphan, none missing
 
 
 @pytest.mark.timeout(120)

@@ -13,6 +13,7 @@ import pyarrow as pa
 from chute.engines import carried
 from chute.errors import ChuteError
 from chute.job import AUTO_MAX_ROWS, Model, Preprocess
+from chute.job.spec import DEFAULT_FILE_SIZE
 from chute.models.base import limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
@@ -111,8 +112,8 @@ class ReadUnits:
 
     def __call__(self) -> Iterator[pa.Table]:
         tables = self._tables()
-        if len(self.units) == 1:  # a unit alone streams batch by batch
-            yield from tables
+        if len(self.units) == 1:  # a unit alone: blocks of up to BLOCK_BYTES
+            yield from _joined(tables, BLOCK_BYTES)
             return
         run: list[pa.Table] = []  # small units: one block, one model call, one record batch
         for table in tables:
@@ -129,6 +130,26 @@ class ReadUnits:
             for batch in self.reader(unit):
                 yield carried.carry(batch, "read", time.perf_counter() - began)
                 began = time.perf_counter()
+
+
+BLOCK_BYTES = DEFAULT_FILE_SIZE
+"""A unit's read batches are joined into blocks of up to this many bytes (Ray Data's own
+largest block, 128 MiB): the writer writes a block's rows as one file, or as files of the
+sink's target (:func:`chute.sinks.file_groups`), where batch by batch made a file a batch."""
+
+
+def _joined(tables: Iterator[pa.Table], most: int) -> Iterator[pa.Table]:
+    """Consecutive tables joined while they stay under ``most`` bytes."""
+    run: list[pa.Table] = []
+    size = 0
+    for table in tables:
+        if run and size + table.nbytes > most:
+            yield pa.concat_tables(run)
+            run, size = [], 0
+        run.append(table)
+        size += table.nbytes
+    if run:
+        yield pa.concat_tables(run)
 
 
 class PreprocessTask:
@@ -224,6 +245,30 @@ class ModelActor:
         records = records_to_table(self.writer.write(out))
         text = [carried.encode(totals)] + [""] * (records.num_rows - 1)
         return records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))
+
+
+FUSED_REPLICAS = 8
+"""Fused models a worker process keeps loaded (those of the latest runs)."""
+_replicas: dict[str, ModelActor] = {}
+
+
+class ModelTask:
+    """A model fused into the read tasks (see :func:`chute.engines.resources.fuses`): the
+    same replica as :class:`ModelActor`, made once per worker process and kept there for
+    the run's later tasks (``key`` names the run's stage), as an actor would keep it."""
+
+    __name__ = "predict"  # Ray Data names the fused operator after it
+
+    def __init__(self, key: str, **actor: Any) -> None:
+        self.key, self.actor = key, actor
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        replica = _replicas.get(self.key)
+        if replica is None:
+            while len(_replicas) >= FUSED_REPLICAS:
+                _replicas.pop(next(iter(_replicas)))
+            replica = _replicas[self.key] = ModelActor(**self.actor)
+        return replica(block)
 
 
 class ObjectStoreSource:
