@@ -1,0 +1,168 @@
+"""Right-sized output files (issue 14, point 4): which rows share a file, when a held
+unit is written, what a resume trusts of a shared file, and the option's bad values.
+Engines run the same through ``tests/conformance`` and ``tests/test_chaos.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+from chute.coalesce import Coalescer
+from chute.config import load_job
+from chute.ledger import Ledger
+from chute.runner.committer import _files
+from chute.sinks import Output, PartWriter
+from chute.stages import tag
+
+
+def piece(unit: int, start: int, rows: int, total: int) -> pa.Table:
+    """Rows ``start..start+rows`` of a unit of ``total`` rows, with the model's output."""
+    ids = pa.array(range(unit * 1000 + start, unit * 1000 + start + rows), pa.int64())
+    return tag(pa.table({"id": ids, "m": ids}), unit, start, total)
+
+
+def writer(out: Path, **target: int) -> PartWriter:
+    return PartWriter(Output(chute.Sink(str(out), **target), ("id",), ("m",)))  # type: ignore[arg-type]
+
+
+def on_disk(out: Path) -> dict[str, list[int]]:
+    return {p.name: pq.read_table(p)["id"].to_pylist() for p in sorted(out.glob("part-*"))}
+
+
+def test_whole_units_share_a_file_and_a_large_unit_spans_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    batch = pa.concat_tables(
+        [piece(2, 0, 10, 10), piece(0, 0, 10, 10), piece(1, 0, 10, 10), piece(3, 0, 25, 25)]
+    )
+    records = writer(out, file_rows=20).write(batch)
+    files = on_disk(out)
+    # units 0 and 1 fill a file; unit 2 starts the next (in unit order); unit 3 is cut in 20s
+    assert sorted(len(ids) for ids in files.values()) == [5, 10, 20, 20]
+    shared = [r for r in records if r.file_units > 1]
+    assert {r.unit for r in shared} == {0, 1} and len({r.path for r in shared}) == 1
+    three = sorted((r.start, r.end, r.unit_rows) for r in records if r.unit == 3)
+    assert three == [(0, 20, -1), (20, 25, 25)]
+    ids = sorted(i for ids in files.values() for i in ids)
+    assert ids == [*range(0, 10), *range(1000, 1010), *range(2000, 2010), *range(3000, 3025)]
+
+
+def test_a_unit_never_shares_a_file_while_part_of_it_is_elsewhere(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    batch = pa.concat_tables([piece(0, 5, 5, 10), piece(1, 0, 10, 10), piece(2, 0, 4, 10)])
+    records = writer(out).write(batch)
+    assert all(r.file_units == 1 for r in records)
+    assert len({r.path for r in records}) == 3  # the tail of 0, the whole of 1, the head of 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ready_units_wait_for_a_full_file_or_the_hold_time_and_the_end(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    clock = Clock()
+    files = Coalescer(writer(out, file_rows=30), hold=5.0, clock=clock)
+    assert files.add(piece(0, 0, 10, 10)) == []  # ready, held for others
+    assert files.add(piece(1, 0, 5, 10)) == []  # not ready: waits for its rows
+    assert files.wait() == 5.0
+    clock.now = 4.0
+    assert files.add(piece(2, 0, 10, 10)) == []
+    clock.now = 5.0
+    assert files.wait() == 0.0
+    written = files.flush()  # the hold time passed: the ready units 0 and 2, in one file
+    assert {r.unit for r in written} == {0, 2} and len({r.path for r in written}) == 1
+    assert files.wait() is None  # nothing ready is held
+    assert [r.unit for r in files.add(piece(1, 5, 5, 10))] == []  # ready now, held
+    assert files.add(piece(4, 0, 10, 10)) == []
+    full = files.add(piece(5, 0, 10, 10))  # 30 rows of ready units: a full file at once
+    assert sorted({r.unit for r in full}) == [1, 4, 5]
+    assert files.add(piece(6, 0, 3, 10)) == []
+    last = files.flush(everything=True)  # the input ended: what is held goes, ready or not
+    assert [(r.unit, r.start, r.end) for r in last] == [(6, 0, 3)]
+
+
+def test_a_unit_larger_than_a_file_goes_on_in_pieces(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    files = Coalescer(writer(out, file_rows=20), clock=Clock())
+    written = [r for start in range(0, 50, 10) for r in files.add(piece(0, start, 10, 50))]
+    written += files.flush(everything=True)
+    assert sorted((r.start, r.end) for r in written) == [(0, 20), (20, 40), (40, 50)]
+    assert sorted(len(ids) for ids in on_disk(out).values()) == [10, 20, 20]
+
+
+def test_a_resume_trusts_a_shared_file_only_with_all_its_units(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ledger = Ledger.open(str(out), "f", {}, overwrite=False)
+    records = writer(out).write(pa.concat_tables([piece(0, 0, 10, 10), piece(1, 0, 10, 10)]))
+    alone = writer(out).write(piece(2, 0, 10, 10))
+    line = {r.unit: {"unit": f"u{r.unit}", "index": r.unit, "rows": 10, "parts": [r.path],
+                     "files": _files([r])} for r in records + alone}  # fmt: skip
+    assert line[0]["files"][0][3] == 2  # [path, rows, bytes, units]
+    ledger.commit([line[0], line[2]])  # a torn commit: unit 1's line never made it
+    ledger = Ledger.open(str(out), "f", {}, overwrite=False)
+    assert ledger.reconcile() == ["u0"]  # forgotten: its file holds rows of unit 1 too
+    assert sorted(ledger.entries) == ["u2"]
+    assert list(on_disk(out)) == [alone[0].path]  # the shared file was an orphan, removed
+    ledger.commit([line[2]])
+    manifest = ledger.manifest()
+    assert manifest["rows"] == 10 and len(manifest["files"]) == 1
+
+
+def test_a_shared_file_is_listed_once_in_the_manifest(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ledger = Ledger.open(str(out), "f", {}, overwrite=False)
+    records = writer(out).write(pa.concat_tables([piece(0, 0, 10, 10), piece(1, 0, 7, 7)]))
+    ledger.commit(
+        [
+            {
+                "unit": f"u{r.unit}",
+                "index": r.unit,
+                "rows": r.end,
+                "parts": [r.path],
+                "files": _files([r]),
+            }
+            for r in records
+        ]
+    )
+    assert ledger.reconcile() == []
+    manifest = ledger.manifest()
+    assert manifest["rows"] == 17 and [f["rows"] for f in manifest["files"]] == [17]
+
+
+@pytest.mark.parametrize(
+    ("output", "named"),
+    [
+        pytest.param({"file_size": "12XB"}, "file_size '12XB' is not a size", id="unreadable"),
+        pytest.param({"file_size": 100}, "file_size 100 is under 1024 bytes", id="tiny"),
+        pytest.param({"file_size": "0.5KiB"}, "is under 1024 bytes", id="half-a-kib"),
+        pytest.param({"file_rows": 0}, "output.file_rows", id="zero-rows"),
+        pytest.param({"file_rows": "many"}, "output.file_rows", id="rows-not-a-number"),
+    ],
+)
+def test_bad_file_targets_are_config_errors_naming_the_key(
+    tmp_path: Path, output: dict[str, object], named: str
+) -> None:
+    import json
+
+    job = {
+        "input": str(tmp_path),
+        "models": [{"name": "m", "fn": "chute.demo:tip_model", "inputs": ["x"]}],
+        "output": {"path": str(tmp_path / "out"), **output},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(job))
+    with pytest.raises(chute.ConfigError, match="file_") as caught:
+        load_job(str(path))
+    assert named in str(caught.value)
