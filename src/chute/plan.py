@@ -18,6 +18,7 @@ from chute.errors import ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
 from chute.formats import csv_error, nested
 from chute.job import BatchFormat, JobSpec, Model, Preprocess
+from chute.job.values import show_bytes
 from chute.models import AdapterSpec
 from chute.sinks import Output
 from chute.sources import (
@@ -358,7 +359,7 @@ def _auto_start(model: Model, inputs: Sequence[str], schema: pa.Schema) -> tuple
     if cap >= size.rows:
         return size.rows, f"{small}, {aims}", True
     note = (
-        f"auto: starts at {cap:,} rows ({target.memory / 2**20:,.0f} MiB at {width:,} input "
+        f"auto: starts at {cap:,} rows ({show_bytes(target.memory)} at {width:,} input "
         f"bytes a row), {aims}"
     )
     return cap, note, True

@@ -52,6 +52,18 @@ def parse_bytes(value: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def show_bytes(size: float) -> str:
+    """``"64 MiB"``, ``"4 KiB"``, ``"512 bytes"``.
+
+    >>> show_bytes(3 * 2**20)
+    '3 MiB'
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.3g} {unit}"
+    return f"{size:,.0f} bytes"
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one replica of a stage needs.
@@ -132,9 +144,8 @@ class BatchTarget:
 
     def describe(self) -> str:
         return (
-            f"{self.low:g}–{self.high:g} s of model time and at most "
-            f"{self.memory / 2**20:,.0f} MiB of input and output per batch, at most "
-            f"{self.max_rows:,} rows"
+            f"{self.low:g}–{self.high:g} s of model time and at most {show_bytes(self.memory)} "
+            f"of input and output per batch, at most {self.max_rows:,} rows"
         )
 
     def __post_init__(self) -> None:
