@@ -132,13 +132,23 @@ KILL_POINTS = {
 
 @pytest.mark.timeout(280)
 @pytest.mark.parametrize(
-    "driver_engine", ["local", pytest.param("ray", marks=pytest.mark.ray)], ids=str
+    ("driver_engine", "file_rows"),
+    [
+        pytest.param("local", None, id="local"),
+        pytest.param("ray", None, id="ray", marks=pytest.mark.ray),
+        # files of 2,500 rows: three whole units of 1,000 share one (local engine)
+        pytest.param("local", 2_500, id="local-shared-files"),
+    ],
 )
 def test_driver_sigkill_at_any_point_resumes_exactly_once(
-    data: Path, expected: pd.DataFrame, tmp_path: Path, driver_engine: str
+    data: Path, expected: pd.DataFrame, tmp_path: Path, driver_engine: str, file_rows: int | None
 ) -> None:
     out = tmp_path / "out"
     job = write_job(tmp_path / "job.yaml", data, out, driver_engine, delay=0.05)
+    if file_rows is not None:
+        spec = json.loads(job.read_text())
+        spec["output"] = {"path": str(out), "file_rows": file_rows}
+        job.write_text(json.dumps(spec))
     leaked: list[str] = []
     runs = [*KILL_POINTS[driver_engine], None]  # None: the last run, left to finish
     for n, point in enumerate(runs):
@@ -172,6 +182,8 @@ def test_driver_sigkill_at_any_point_resumes_exactly_once(
     assert report["units_done"] == UNITS - len(before)
     check_exactly_once(out, expected)
     assert report["metrics"] == expected.attrs["metrics"]  # exactly, after every kill
+    if file_rows is not None:  # files did hold several units: [path, rows, bytes, units]
+        assert any(len(f) == 4 for e in ledger_units(out) for f in e["files"])
     print(f"left behind by the killed drivers, and reaped: {Counter(leaked)}")
 
 

@@ -166,3 +166,28 @@ def test_bad_file_targets_are_config_errors_naming_the_key(
     with pytest.raises(chute.ConfigError, match="file_") as caught:
         load_job(str(path))
     assert named in str(caught.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["plan", "validate"])
+def test_plan_and_validate_name_the_file_target(
+    taxi_dir: Path, tmp_path: Path, command: str
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from chute.cli import main
+
+    job = {
+        "input": str(taxi_dir),
+        "models": [{"name": "tip", "fn": "chute.demo:tip_model", "inputs": ["passenger_count"],
+                    "batch_format": "numpy"}],
+        "output": {"path": str(tmp_path / "out"), "file_size": "64MiB", "file_rows": 100000},
+        "engine": "local",
+    }  # fmt: skip
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(job))
+    result = CliRunner().invoke(main, [command, str(path)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "files of about 64 MiB or 100,000 rows" in " ".join(result.output.split())

@@ -65,10 +65,7 @@ def render_plan(job: JobSpec) -> RenderableType:
     )
     head.add_row("columns read", Folded(", ".join(plan.read_columns or []) or "all"))
     head.add_row("carryover", Folded(", ".join(plan.carryover) or "(none)"))
-    head.add_row(
-        "output",
-        Folded(f"{redact(job.output.path)} ({job.output.format})" if job.output else "memory"),
-    )
+    head.add_row("output", Folded(_output(job)))
     head.add_row("resources for", Folded(basis))
     stages = Table(title="model stages", title_justify="left", show_header=False)
     stages.add_column(style="bold", no_wrap=True)
@@ -99,9 +96,15 @@ def _stage_cells(stage: StagePlan, res: StageResources) -> dict[str, RenderableT
         "cpus / gpus": f"{res.cpus:g} / {res.gpus:g} per replica",
         "threads": f"{res.threads} per replica",
         "memory": f"{res.memory / 2**30:.1f} GiB" if res.memory else "-",
-        "pool": f"{res.min:,}" if res.min == res.max else f"{res.min:,}–{res.max:,}",
+        "pool": _pool(res),
         "timeout": f"{model.timeout:g} s per batch" if model.timeout else "none",
     }
+
+
+def _pool(res: StageResources) -> str:
+    if res.fused:
+        return "in the read tasks"
+    return f"{res.min:,}" if res.min == res.max else f"{res.min:,}–{res.max:,}"
 
 
 def _notes(model: Model, res: StageResources, job: JobSpec) -> list[str]:
@@ -171,6 +174,17 @@ def runs(fn: object) -> str:
         return fn if len(fn) <= 60 else "…" + fn[-59:]
     target = fn if isinstance(fn, type) or hasattr(fn, "__qualname__") else type(fn)
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
+
+
+def _output(job: JobSpec) -> str:
+    """``out (parquet) · files of about 128 MiB``: where, the format and the file target."""
+    sink = job.output
+    if sink is None:
+        return "memory"
+    where = f"{redact(sink.path)} ({sink.format})"
+    if isinstance(sink, TableSink):
+        return where  # a table keeps a data file per part
+    return f"{where} · files of about {sink.target.describe()}"
 
 
 def output_of(job: JobSpec) -> tuple[str, StorageOptions | None, str | None]:

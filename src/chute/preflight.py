@@ -58,6 +58,8 @@ def check_job(
         pools = ", ".join(f"{s.name} {s.max:,} replica(s)" for s in stages)
         done.append(f"pools: {pools} ({basis})")
     done.append(check_output(job, fingerprint, description, overwrite))
+    if job.output is not None and not isinstance(job.output, TableSink):
+        done.append(f"output files of about {job.output.target.describe()} each")
     return [line for line in done if line]
 
 
