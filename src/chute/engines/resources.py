@@ -19,7 +19,11 @@ into what is left:
   has, not from its CPU token (:func:`plan_threads`): the reserve is a scheduling token
   too, and reads rarely keep it busy, so the pools' threads together cover every CPU.
   Ray sets ``OMP_NUM_THREADS`` to an actor's whole CPUs (one for a fraction): a 1-CPU
-  model actor on a 2-CPU machine ran single-threaded beside an idle CPU.
+  model actor on a 2-CPU machine ran single-threaded beside an idle CPU;
+* a model that loads nothing — a plain function, with no pool or resources asked for —
+  is fused into the read tasks (:func:`plan_stages`): read, predict and write in one
+  task, as the hand-written Ray task does, with no actor holding CPUs between batches
+  (and so nothing that could starve the reads).
 
 The plan is made against the cluster as it is when a run starts; a cluster that loses
 nodes mid-run is watched by :mod:`chute.engines.ray.watchdog`, and the next run plans
@@ -32,12 +36,14 @@ import math
 import os
 import shutil
 import subprocess
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chute.errors import ResourceError
-from chute.job import Model
+from chute.errors import ChuteError, ResourceError
+from chute.job import Model, Pool, Resources
+from chute.usercode import import_string
 
 DEFAULT_ACTOR_CPUS = 1.0
 
@@ -128,6 +134,43 @@ class StageResources:
     note: str = ""
     threads: int = 1
     """Intra-op threads of each replica (torch, ONNX Runtime, BLAS): see :func:`plan_threads`."""
+    fused: bool = False
+    """Runs inside the read tasks (no actors): see :func:`plan_stages`."""
+
+
+FUSED_NOTE = "a plain function: runs inside the read tasks, no actors"
+
+
+def fuses(model: Model) -> bool:
+    """Whether ``model`` runs inside the read tasks: a plain function (nothing to load once,
+    so nothing an actor would keep), on CPUs, with no pool or resources asked for (a user
+    who sized a pool gets that pool). A function named by a string that does not import
+    here (code only the cluster has) keeps its actors."""
+    if model.pool != Pool() or model.resources != Resources():
+        return False
+    fn = model.fn
+    if isinstance(fn, str):
+        try:
+            fn = import_string(fn)
+        except ChuteError:
+            return False
+    return isinstance(fn, types.FunctionType)
+
+
+def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResources]:
+    """Every model stage on ``cluster``: fused into the read tasks where :func:`fuses`
+    says so (asking for a read's CPUs), the others' actor pools by :func:`plan_resources`,
+    which then share the CPUs among fewer pools."""
+    actors = [m for m in models if not fuses(m)]
+    planned = iter(plan_resources(actors, cluster) if actors else [])
+    check_cluster(cluster)
+    reads = read_cpus(cluster)
+    return [
+        next(planned)
+        if m in actors
+        else StageResources(m.name, reads, 0.0, None, 0, 0, FUSED_NOTE, 1, fused=True)
+        for m in models
+    ]
 
 
 def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from chute.engines import Commit, EngineOptions, carried
 from chute.engines.ray.operators import (
     ModelActor,
+    ModelTask,
     ObjectStoreSource,
     PrepareTask,
     PreprocessTask,
@@ -20,7 +22,7 @@ from chute.engines.ray.operators import (
 from chute.engines.ray.release import drop_frames, released
 from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable, ray_log
 from chute.engines.ray.watchdog import Stalled, Watchdog
-from chute.engines.resources import Cluster, StageResources, plan_resources, read_cpus
+from chute.engines.resources import Cluster, StageResources, plan_stages, read_cpus
 from chute.errors import ChuteError
 from chute.plan import Plan, Reader, StagePlan
 from chute.raydata import quiet_data
@@ -55,18 +57,18 @@ class RayEngine:
         if self.address or os.environ.get("RAY_ADDRESS"):
             init_ray(self.address, verbose=False)
             found = cluster()
-            return plan_resources(models, found), (
+            return plan_stages(models, found), (
                 f"Ray cluster with {found.describe()}; reads take {read_cpus(found):g} CPU each"
             )
         here = Cluster(cpus=float(os.cpu_count() or 1))
-        return plan_resources(models, here), (
+        return plan_stages(models, here), (
             f"a local Ray on this machine ({here.cpus:g} CPUs; reads take {read_cpus(here):g} "
             "CPU each)"
         )
 
     def resources(self, plan: Plan) -> list[StageResources]:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
-        return plan_resources([s.model for s in plan.stages], cluster())
+        return plan_stages([s.model for s in plan.stages], cluster())
 
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
         resources = self.resources(plan)
@@ -74,7 +76,7 @@ class RayEngine:
         totals: dict[str, dict[str, float]] = {}
         watchdog = Watchdog(
             found,
-            min(r.cpus for r in resources),
+            min((r.cpus for r in resources if not r.fused), default=0.0),
             waiting=lambda note: commit([], None, status=note),
             log_note="" if self.verbose else f" Ray's own messages: {ray_log()}.",
         )
@@ -158,7 +160,7 @@ class RayEngine:
                     num_cpus=reads,
                     zero_copy_batch=True,
                 )
-            dataset = self._model_stage(dataset, stage, res, plan.output if last else None)
+            dataset = self._model_stage(dataset, stage, res, plan.output if last else None, reads)
         return dataset
 
     def _model_stage(
@@ -167,6 +169,7 @@ class RayEngine:
         stage: StagePlan,
         res: StageResources,
         output: Output | None,
+        reads: float,
     ) -> Any:
         import ray
 
@@ -184,22 +187,31 @@ class RayEngine:
             remote_args["num_gpus"] = res.gpus
         if res.memory:
             remote_args["memory"] = res.memory
+        actor = {
+            "model": stub,
+            "inputs": list(stage.inputs),
+            "target": target,
+            "ctor": ctor,
+            "output": output,
+            "rows": stage.batch_rows,
+            "threads": res.threads,
+        }
         # Whole blocks, cut into batches by the actor: given a batch size, Ray Data holds a
         # unit's last block until blocks of other units fill a batch (a unit then commits
         # only when others arrive, or the input ends). The public map_batches refuses no
         # batch size with GPUs; map_batches_internal, where Ray has it, skips that check.
+        if res.fused:  # tasks like the reads', which Ray fuses with them: one task per block
+            return dataset.map_batches(
+                ModelTask(f"{model.name}-{uuid.uuid4().hex}", **actor),
+                batch_size=None,
+                batch_format="pyarrow",
+                zero_copy_batch=True,
+                num_cpus=reads,
+            )
         map_batches = getattr(dataset, "map_batches_internal", dataset.map_batches)
         return map_batches(
             ModelActor,
-            fn_constructor_kwargs={
-                "model": stub,
-                "inputs": list(stage.inputs),
-                "target": target,
-                "ctor": ctor,
-                "output": output,
-                "rows": stage.batch_rows,
-                "threads": res.threads,
-            },
+            fn_constructor_kwargs=actor,
             batch_size=None,
             batch_format="pyarrow",
             zero_copy_batch=True,
