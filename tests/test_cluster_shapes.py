@@ -38,13 +38,19 @@ import numpy as np
 def slow_tip(batch):
     time.sleep({sleep})  # a model with real work per batch: the run is still going when a node dies
     return {{"score": np.asarray(batch["passenger_count"]) * 10 + 1}}
+
+
+class SlowTip:  # a class loads once per replica: model actors (a function: read tasks)
+
+    def __call__(self, batch):
+        return slow_tip(batch)
 """
 JOB = """
 input: ../data
 carryover: [trip_id]
 models:
   - name: tip
-    fn: "model:slow_tip"
+    fn: "model:{fn}"
     inputs: [passenger_count]
     batch_format: numpy
 output: ../out
@@ -56,9 +62,10 @@ RAY_FAST_DEATH = {  # a killed node is declared dead in about 2 s, not about 30
 }
 
 
-def _job(tmp_path: Path, sleep: float, cpus: float | None = None) -> Path:
+def _job(tmp_path: Path, sleep: float, cpus: float | None = None, fn: str = "SlowTip") -> Path:
     """``cpus`` per model replica: other than a read task's, Ray Data runs the reads as
-    tasks of their own (with the same, it fuses them into the model's actors)."""
+    tasks of their own (with the same, it fuses them into the model's actors). ``fn``:
+    ``SlowTip`` runs on model actors, ``slow_tip`` inside the read tasks."""
     data = tmp_path / "data"
     data.mkdir()
     for i in range(FILES):
@@ -70,7 +77,7 @@ def _job(tmp_path: Path, sleep: float, cpus: float | None = None) -> Path:
     code.mkdir()
     (code / "model.py").write_text(MODEL.format(sleep=sleep))
     given = "" if cpus is None else f"    resources: {{cpus: {cpus}}}\n"
-    (code / "job.yaml").write_text(JOB.replace("output:", given + "output:"))
+    (code / "job.yaml").write_text(JOB.format(fn=fn).replace("output:", given + "output:"))
     return code / "job.yaml"
 
 
@@ -143,12 +150,14 @@ def _exactly_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("fn", ["SlowTip", "slow_tip"], ids=["actor", "fused"])
 def test_one_node_with_one_cpu_runs_the_job(
-    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster], fn: str
 ) -> None:
     """Reads and the model actor share the only CPU: half each (a read asked for a whole
-    one beside the actor's half, and the job never started)."""
-    job = _job(tmp_path, sleep=0.0)
+    one beside the actor's half, and the job never started). A plain function runs inside
+    the read tasks, on the same half CPU each."""
+    job = _job(tmp_path, sleep=0.0, fn=fn)
     clusters.append(cluster := _start(ray_dir, head_cpus=1, workers=[]))
     code, text = _finish(_chute(job, cluster))
     assert code == 0, text
@@ -202,6 +211,10 @@ def test_no_cpu_left_stops_the_run_and_a_resume_finishes_once_a_node_returns(
     assert code == 7, text
     assert "The cluster has 0 CPUs, 0 GPUs on 1 node (127.0.0.2: 0 CPU)" in text
     assert "lost since the start: 127.0.0.3: 1 CPU" in text
+    (report,) = (tmp_path / "out").rglob("report.json")
+    events = json.loads(report.read_text())["events"]  # the report names the lost node
+    assert any(e.startswith("lost node 127.0.0.3 (1 CPU) at ") for e in events), events
+    assert any(e.startswith("Ray's own messages: ") for e in events), events
     committed = set(_committed(tmp_path / "out"))
     assert 2 <= len(committed) < FILES
     parts = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.parquet")}

@@ -279,3 +279,20 @@ def test_a_location_whose_job_committed_nothing_can_be_taken_by_a_fixed_job(
         chute.Job(source=source, models=(chute.Model("m", broken),), output=out).run()
     report = chute.Job(source=source, models=(chute.Model("m", fixed),), output=out).run()
     assert report.rows_out == 3
+
+
+@pytest.mark.timeout(60)
+def test_the_report_tells_what_happened_to_the_machines(tmp_path: Path) -> None:
+    """Engine events (nodes lost, where Ray's own messages went) reach report.json, the
+    report's summary and report.html; one process has none to tell."""
+    from chute.htmlreport import render
+
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+    report = _job(data, out).run()
+    assert report.events == []
+    assert json.loads((out / META_DIR / "report.json").read_text())["events"] == []
+    assert "cluster" not in dict(report.rows())
+    report.events = ["lost node 127.0.0.3 (1 CPU) at 0:42", "Ray's own messages: /tmp/r.log"]
+    assert [v for k, v in report.rows() if k == "cluster"] == report.events
+    page = render(report.to_dict())
+    assert "lost node 127.0.0.3 (1 CPU) at 0:42" in page and "/tmp/r.log" in page

@@ -74,6 +74,11 @@ class Engine(Protocol):
         """The resources each model stage would get, and on what basis (``chute plan``)."""
         ...
 
+    def events(self) -> list[str]:
+        """What happened to the machines during the last :meth:`execute`, for the report:
+        nodes lost (and when), where the engine's own messages went; ``[]`` for none."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Entry:

@@ -227,6 +227,10 @@ class LocalEngine:
         ]
         return stages, "the local engine: replicas are threads in this process"
 
+    def events(self) -> list[str]:
+        """Nothing happens to one process's machine that the report should tell."""
+        return []
+
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
         run = _Run(plan, self.readers, self.writers)
         return run.drive(commit)

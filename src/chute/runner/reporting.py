@@ -30,6 +30,8 @@ class Run:
     """The output's success marker was there when the run began."""
     previous: dict[str, Any] | None = None
     """The output's report before this run (its runs are kept)."""
+    events: list[str] = field(default_factory=list)
+    """What the engine saw happen to the machines (:meth:`Engine.events`)."""
 
     @property
     def nothing_to_do(self) -> bool:
@@ -75,6 +77,7 @@ def report_of(run: Run, committer: Committer, stages: dict[str, StageStats]) -> 
         parts=committer.parts,
         wall_seconds=time.perf_counter() - run.started,
         units_redone=run.redone,
+        events=list(run.events),
         stages=stats,
         started_at=run.started_at,
         ended_at=time.time(),

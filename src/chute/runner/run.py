@@ -113,8 +113,11 @@ def _execute(
     if ledger is not None and run.nothing_to_do:
         return _nothing_to_do(run, committer, ledger, console if progress else None)
     try:
-        with bar, committer:
-            stages = engine.execute(plan, committer.add) if plan.pending else {}
+        try:
+            with bar, committer:
+                stages = engine.execute(plan, committer.add) if plan.pending else {}
+        finally:
+            run.events = engine.events() if plan.pending else []
         committer.flush()
     except ModelError as exc:
         _save_partial(ledger, run, committer, exc)

@@ -40,6 +40,7 @@ class RayEngine:
         self.verbose = verbose
         self.shipped: str | None = None
         """The job directory the workers run in, when Ray ships it (see :func:`init_ray`)."""
+        self._events: list[str] = []
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> RayEngine:
@@ -70,7 +71,13 @@ class RayEngine:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
         return plan_stages([s.model for s in plan.stages], cluster())
 
+    def events(self) -> list[str]:
+        """The nodes the last run lost (address, CPUs, when), and the file that holds Ray's
+        own messages unless ``verbose`` sent them to the terminal."""
+        return list(self._events)
+
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
+        self._events = []
         resources = self.resources(plan)
         found = cluster()
         totals: dict[str, dict[str, float]] = {}
@@ -87,6 +94,10 @@ class RayEngine:
         except Stalled:
             assert watchdog.error is not None
             raise watchdog.error from None
+        finally:
+            self._events = [f"lost node {lost}" for lost in watchdog.lost.values()]
+            if not self.verbose:
+                self._events.append(f"Ray's own messages: {ray_log()}")
         if watchdog.error is not None:  # stopped, and Ray's iterator ended rather than raised
             raise watchdog.error
         return carried.stage_stats(totals)
