@@ -201,7 +201,7 @@ def measure(
         workload, variant, rows, seconds, sampler.cpu_seconds, sampler.peak - sampler.base, pipeline
     )
     print(
-        f"  {workload:<7}{variant:<16}{seconds:8.2f} s {result.rate:>12,.0f} rows/s "
+        f"  {workload:<11}{variant:<16}{seconds:8.2f} s {result.rate:>12,.0f} rows/s "
         f"{result.cpu:7.1f} CPU s  peak +{result.peak / MIB:,.0f} MiB",
         flush=True,
     )
