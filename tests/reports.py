@@ -90,7 +90,7 @@ def job(
             ),
         ),
         carryover=("id", "region", "label"),
-        output=chute.Sink(str(out)),
+        output=chute.Sink(str(out), file_rows=500),  # files as rows come: a rate over time
         metrics=tuple(metric_from_spec(s) for s in specs) if metrics else (),
         engine=engine,  # type: ignore[arg-type]
     )

@@ -388,7 +388,7 @@ def test_model_class_loads_once_per_replica(engine: str, taxi_dir: Path, tmp_pat
     # the second one is up, and then never constructs it.
     constructions = len(log_lines(log))
     assert constructions == 2 if engine == "local" else 1 <= constructions <= 2
-    assert report.stages["scaled"].batches >= 30  # 60,000 rows in batches of 2,000
+    assert report.stages["scaled"].calls >= 30  # 60,000 rows in model calls of 2,000
 
 
 @pytest.mark.timeout(60)
@@ -547,7 +547,7 @@ def test_output_formats(engine: str, taxi_dir: Path, tmp_path: Path, fmt: str) -
     report = job.run()
     assert report.result is None  # no rows came back to the driver, only part records
     assert report.rows_out == 60_000 and report.units_done == 12
-    assert report.parts >= 12
+    assert report.parts >= 1  # data files: the local writer joins small units into one
     names = [p.name for p in out.rglob("*")]
     assert not [n for n in names if n.startswith(".")], "temporary files left behind"
     assert (out / "_SUCCESS").is_file()
@@ -555,7 +555,7 @@ def test_output_formats(engine: str, taxi_dir: Path, tmp_path: Path, fmt: str) -
     assert len(parts) == report.parts and all(p.endswith("." + EXT[fmt]) for p in parts)
     ledger = [json.loads(line) for line in log_lines(out / "_chute" / "ledger.jsonl")]
     assert len(ledger) == 12
-    assert sorted(p for e in ledger for p in e["parts"]) == parts
+    assert sorted({p for e in ledger for p in e["parts"]}) == parts  # a shared file: once
     assert sum(e["rows"] for e in ledger) == 60_000
     assert json.loads((out / "_chute" / "report.json").read_text())["parts"] == report.parts
     check_tips(read_parts(out, fmt), taxi_dir)

@@ -148,10 +148,12 @@ def _data(root: Path, files: int = 3, rows: int = 5) -> Path:
     return root
 
 
-def _job(data: Path, out: Path, model: Model | None = None) -> Job:
+def _job(data: Path, out: Path, model: Model | None = None, file_rows: int | None = 5) -> Job:
+    """Files of at most ``file_rows`` rows: by default a file a unit, so a unit's line in
+    the ledger stands alone (``None``: the default target, one file the units share)."""
     model = model or Model("m", double, inputs=("x",), batch_format="numpy", batch_size=4)
-    return Job(FileSource(str(data)), (model,), output=Sink(str(out)), carryover=("id",),
-               engine="local")  # fmt: skip
+    sink = Sink(str(out), file_rows=file_rows)
+    return Job(FileSource(str(data)), (model,), output=sink, carryover=("id",), engine="local")
 
 
 def _ledger_lines(out: Path) -> list[dict[str, Any]]:
@@ -165,7 +167,8 @@ def _check_output(out: Path, ids: list[int]) -> None:
     assert table.column("id").to_pylist() == ids  # every row exactly once
     assert table.column("m_y").to_pylist() == [i * 6 for i in ids]
     parts = {p.name for p in out.glob("part-*")}
-    assert parts == {name for e in _ledger_lines(out) for name in e["parts"]}
+    latest = {e["unit"]: e for e in _ledger_lines(out)}  # a unit's later line replaces it
+    assert parts == {name for e in latest.values() for name in e["parts"]}
 
 
 ALL_IDS = [*range(0, 5), *range(100, 105), *range(200, 205)]
@@ -209,6 +212,27 @@ def test_resume_recomputes_only_the_uncommitted_unit(tmp_path: Path) -> None:
     _check_output(out, ALL_IDS)
     redone = [e for e in _ledger_lines(out) if e["unit"] == lost["unit"]]
     assert len(redone) == 1 and redone[0]["rows"] == 5
+
+
+@pytest.mark.timeout(60)
+def test_a_shared_file_is_trusted_only_with_all_its_units(tmp_path: Path) -> None:
+    """The three units share one file; the ledger loses one of their lines. The file is
+    not trusted for the others either (its rows would be written twice): all three are
+    redone, and the old file removed."""
+    data, out = _data(tmp_path / "data"), tmp_path / "out"
+    _job(data, out, file_rows=None).run()
+    lines = _ledger_lines(out)
+    (shared,) = {p for e in lines for p in e["parts"]}
+    lost = next(e for e in lines if e["unit"].endswith("1.parquet"))
+    kept = [e for e in lines if e is not lost]
+    (out / META_DIR / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    (out / SUCCESS).unlink()
+
+    report = _job(data, out, file_rows=None).run()
+
+    assert (report.units_done, report.units_skipped, report.rows_out) == (3, 0, 15)
+    assert not (out / shared).exists()
+    _check_output(out, ALL_IDS)
 
 
 @pytest.mark.timeout(60)

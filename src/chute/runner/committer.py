@@ -43,7 +43,8 @@ class Committer:
         self._started = time.perf_counter()
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         """(seconds since start, rows written) as parts arrive: the rate over the run."""
-        self.parts = 0
+        self._files: set[str] = set()
+        """The data files written (a file shared by several units counts once)."""
         self.write = StageStats()
         self.counted: dict[str, float] = {}
         """What the models counted so far, over every stage (for the progress line)."""
@@ -106,7 +107,8 @@ class Committer:
             self._parts[record.unit].append(record)
             if record.unit_rows >= 0:
                 self._totals[record.unit] = record.unit_rows
-            self.parts += 1
+            if record.path:
+                self._files.add(record.path)
             if record.metrics:
                 self.evaluation.merge(self._unit_states[record.unit], [record.metrics])
             self.write.add(record.seconds, record.end - record.start)
@@ -119,6 +121,11 @@ class Committer:
         if records:
             self.timeline.append((round(time.perf_counter() - self._started, 3), self.write.rows))
         self._commit(completed)
+
+    @property
+    def parts(self) -> int:
+        """Data files written this run; a file several units share counts once."""
+        return len(self._files)
 
     def _describe(self) -> None:
         """``units 3/12``, and the tokens generated when a model counts them."""
