@@ -309,6 +309,12 @@ def _taxi_file(model: Callable[..., Any], path: str, out: str, inputs: tuple[str
     return int(table.num_rows)
 
 
+def with_daft(variants: dict[str, Callable[[str], Any]], run: Callable[[str], Any]) -> None:
+    """Add the ``Daft`` variant when Daft is installed (the ``bench`` extra)."""
+    if importlib.util.find_spec("daft") is not None:
+        variants["Daft"] = run
+
+
 def daft_native() -> ModuleType:
     """Daft on its native (single-machine, multi-threaded) runner."""
     import daft
@@ -405,10 +411,12 @@ def _taxi_workload(
         ref = ray.put(built())  # once: the tasks map its arrays zero-copy
         ray.get([task.remote(ref, path, out, inputs) for path in files])
 
+    local = {"chute local": chute_run("local"), "pyarrow loop": loop}
+    with_daft(local, daft_run)
     return Workload(
         name,
         rows,
-        local={"chute local": chute_run("local"), "pyarrow loop": loop, "Daft": daft_run},
+        local=local,
         ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
     )
 
@@ -556,10 +564,12 @@ def mlp(base: str, rows: int) -> Workload:
             ]
         )
 
+    local = {"chute local": chute_run("local"), "pyarrow loop": loop}
+    with_daft(local, daft_run)
     return Workload(
         "mlp",
         rows,
-        local={"chute local": chute_run("local"), "pyarrow loop": loop, "Daft": daft_run},
+        local=local,
         ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
     )
 
@@ -675,15 +685,12 @@ def minilm(base: str, rows: int) -> Workload:
         ref = ray.put(example.load_model(path))
         ray.get([task.remote(ref, file, out) for file in files])
 
+    local = {"model alone": alone, "chute local": chute_run("local"), "pyarrow loop": loop}
+    with_daft(local, daft_run)
     return Workload(
         "minilm",
         rows,
-        local={
-            "model alone": alone,
-            "chute local": chute_run("local"),
-            "pyarrow loop": loop,
-            "Daft": daft_run,
-        },
+        local=local,
         ray={"chute ray": chute_run("ray"), "Ray Data": ray_data, "Ray Core tasks": ray_core},
     )
 
@@ -925,6 +932,8 @@ def chosen(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
 def main(argv: list[str] | None = None) -> list[Summary]:
     args = parse_args(argv)
     print(header(args), flush=True)
+    if importlib.util.find_spec("daft") is None:
+        print("Daft is not installed (pip install -e '.[bench]'): no Daft variant", flush=True)
     print("preparing data ...", flush=True)
     workloads = keep(
         [WORKLOADS[name](args.out, rows) for name, rows in chosen(args)], args.variants
