@@ -72,7 +72,8 @@ def write_job(
                 "kwargs": {"gate": str(gate)},
             }
         ],
-        "output": out,
+        # a file a unit, as before files were joined: tests lose or keep single units
+        "output": {"path": out, "file_rows": ROWS_PER_UNIT},
         "engine": engine,
         **extra,
     }

@@ -59,7 +59,7 @@ models:
     fn: model.py:score
     inputs: [id, x]
     batch_size: 100
-output: {path: out}
+output: {path: out, file_rows: 500}  # a file a unit: forgetting one forgets it alone
 """
 
 

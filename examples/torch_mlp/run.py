@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         expected = build_mlp()(torch.from_numpy(x)).numpy()[:, 0]
     diff = float(np.max(np.abs(result["mlp"].to_numpy() - expected)))
     ok = len(result) == len(df) and diff <= 1e-5
-    batches = report.stages["mlp"].batches
+    batches = report.stages["mlp"].calls  # model calls (a Ray actor writes a block whole)
     batch_rows = model.batch_size.rows_for(4 * len(FEATURES))
     print(
         f"{report.rows_out:,} rows on the {report.engine} engine in {seconds:.2f} s "

@@ -224,7 +224,8 @@ class ModelActor:
     def __call__(self, block: pa.Table) -> pa.Table:
         if self.failed is not None:
             raise self.failed
-        step = max(self.rows, AUTO_MAX_ROWS)
+        # whole batches a piece: a fixed batch size's calls stay full across pieces
+        step = self.rows * max(1, AUTO_MAX_ROWS // self.rows)
         starts = range(0, max(block.num_rows, 1), step)
         outs = [self._batch(block.slice(start, step)) for start in starts]
         return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="permissive")
