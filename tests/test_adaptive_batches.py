@@ -61,6 +61,28 @@ def test_a_size_within_the_band_is_kept() -> None:
     assert sizer.resizes == 0
 
 
+def test_a_call_with_a_large_fixed_cost_grows_while_growing_pays() -> None:
+    # 0.5 s a call whatever its rows (a remote call, a kernel launch): in the band from the
+    # first call, yet each doubling halves the cost of a row, so the size doubles to the top.
+    sizer = BatchSizer(1_024, TARGET)
+    grown = []
+    for _ in range(12):
+        sizer.fitted(sizer.rows, 0.5, 0)
+        grown.append(sizer.rows)
+    assert grown[:7] == [2_048, 4_096, 8_192, 16_384, 32_768, 65_536, 65_536]
+    assert grown[-1] == TARGET.max_rows and sizer.resizes == 6
+
+
+def test_a_linear_model_in_the_band_doubles_once_then_stays() -> None:
+    # 1 ms a row: 512 rows take 0.51 s, in the band's lower half: one doubling, to find out;
+    # 1,024 rows take 1.03 s, above the half (a further doubling would leave the band): kept.
+    sizer = BatchSizer(512, TARGET)
+    sizer.fitted(512, 0.51, 0)
+    assert sizer.rows == 1_024
+    sizes = _settle(sizer, per_row=1e-3, calls=10)
+    assert sizes == [1_024] * 10 and sizer.resizes == 1
+
+
 def test_the_largest_size_is_a_read_batch() -> None:
     sizer = BatchSizer(1_024, TARGET)
     _settle(sizer, per_row=1e-9, calls=50)

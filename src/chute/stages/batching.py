@@ -12,7 +12,11 @@ call of ``n`` rows that took ``t`` seconds:
 - ``t`` under the band: grow toward the rows that would take ~1 s (``n / t``), at most
   four times ``n`` at a step;
 - ``t`` over the band: shrink to the rows that would take ~1 s, at once;
-- within it: keep the size.
+- within it, at most half of the band's top: double once, to find out whether a call's
+  fixed cost is large (a GPU kernel launch, a remote call); keep doubling while each
+  doubling makes a row at least :data:`PAYOFF` times cheaper, and stop at the first that
+  does not (a model whose time is linear in its rows settles where it was);
+- otherwise within it: keep the size.
 
 The memory cap uses the bytes per row measured in the last call (its input columns and its
 outputs as Arrow); the process's RSS is not used, because the replicas of the local engine
@@ -43,6 +47,9 @@ GROW_AFTER_OOM = 4
 """Calls that fit, after an out-of-memory split, before the size grows back."""
 OOM_PROBES = 3
 """Grow-back probes that may run out of memory before the replica stops probing."""
+PAYOFF = 1.2
+"""Within the band, a size doubles again only if the last doubling made a row this many
+times cheaper."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,10 @@ class BatchSizer:
         """Calls that must fit before the size grows back."""
         self._probes = 0
         self._row_bytes = 0.0
+        self._smaller: tuple[int, float] | None = None
+        """Rows and seconds of the last call measured before the size last grew."""
+        self._settled = False
+        """Doubling within the band stopped paying: the size stays until a call leaves it."""
         self._told = Batching()
 
     def take(self) -> Batching:
@@ -116,6 +127,8 @@ class BatchSizer:
             wanted = self._probe(wanted)
         if wanted > self.rows and (self._cooling or rows < self.rows // 2):
             return  # not yet after an out-of-memory error; or a tail, too small to tell
+        if wanted > self.rows:
+            self._smaller = (rows, seconds)
         self._resize(wanted)
 
     def out_of_memory(self, rows: int) -> None:
@@ -141,9 +154,21 @@ class BatchSizer:
             wanted = max(self.rows, int(min(target.aim / per_row, GROWTH * rows)))
         elif seconds > target.high:
             wanted = max(1, int(target.aim / (seconds / rows)))
+            self._settled = False
+        elif seconds <= target.high / 2 and rows == self.rows and not self._settled:
+            wanted = self._climb(rows, seconds)
         if self._row_bytes > 0:
             wanted = min(wanted, max(1, int(target.memory / self._row_bytes)))
         return max(1, min(wanted, target.max_rows))
+
+    def _climb(self, rows: int, seconds: float) -> int:
+        """Within the band: twice the rows, while the last growth paid for itself."""
+        if self._smaller is not None:
+            before_rows, before_seconds = self._smaller
+            if before_seconds / before_rows < PAYOFF * seconds / rows:
+                self._settled = True  # a row costs about what it did at the smaller size
+                return self.rows
+        return 2 * rows
 
     def _probe(self, wanted: int) -> int:
         """A size at or above the ceiling is not tried: halfway from what fitted, while
