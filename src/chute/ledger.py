@@ -44,7 +44,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -256,15 +256,16 @@ class Ledger:
 
     def read_entries(self) -> dict[str, dict[str, Any]]:
         """Every committed unit, from both layouts (appended lines, objects per batch)."""
-        entries: dict[str, dict[str, Any]] = {}
+        return {entry["unit"]: entry for entry in self._lines()}
+
+    def _lines(self) -> Iterator[dict[str, Any]]:
+        """The ledger's lines in commit order, a torn last line left out."""
         for blob in [self._read_file(), *self._read_objects()]:
             for line in blob.decode().splitlines():
                 try:
-                    entry = json.loads(line)
+                    yield json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a torn last line from a crash: that unit was not committed
-                entries[entry["unit"]] = entry
-        return entries
 
     def _read_file(self) -> bytes:
         path = f"{self.meta}/{LEDGER_FILE}"

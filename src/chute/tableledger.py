@@ -151,16 +151,11 @@ class TableLedger(Ledger):
     def read_entries(self) -> dict[str, dict[str, Any]]:
         """Every unit the ledger names (staged ones too); the confirmed tokens aside."""
         entries: dict[str, dict[str, Any]] = {}
-        for blob in [self._read_file(), *self._read_objects()]:
-            for line in blob.decode().splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line: not committed
-                if "confirmed" in entry:
-                    self._confirmed.add(entry["confirmed"])
-                else:
-                    entries[entry["unit"]] = entry
+        for entry in self._lines():
+            if "confirmed" in entry:
+                self._confirmed.add(entry["confirmed"])
+            else:
+                entries[entry["unit"]] = entry
         return entries
 
     def _resolve(self) -> None:
