@@ -15,7 +15,7 @@ from chute.coalesce import Coalescer
 from chute.config import load_job
 from chute.ledger import Ledger
 from chute.runner.committer import _files
-from chute.sinks import Output, PartWriter
+from chute.sinks import Output, PartWriter, in_key_order
 from chute.stages import tag
 
 
@@ -49,6 +49,19 @@ def test_whole_units_share_a_file_and_a_large_unit_spans_files(tmp_path: Path) -
     assert three == [(0, 20, -1), (20, 25, 25)]
     ids = sorted(i for ids in files.values() for i in ids)
     assert ids == [*range(0, 10), *range(1000, 1010), *range(2000, 2010), *range(3000, 3025)]
+
+
+def test_rows_are_put_in_key_order_by_runs_without_a_copy() -> None:
+    # the pieces of three units as a writer gets them, interleaved; each run in order
+    batch = pa.concat_tables(
+        [piece(1, 4, 6, 10), piece(0, 0, 3, 3), piece(2, 0, 5, 5), piece(1, 0, 4, 10)]
+    ).combine_chunks()
+    ordered = in_key_order(batch)
+    assert ordered["id"].to_pylist() == [0, 1, 2, *range(1000, 1010), *range(2000, 2005)]
+    assert ordered.num_rows == batch.num_rows and ordered.schema == batch.schema
+    source = batch["id"].chunk(0).buffers()[1].address
+    for chunk in ordered["id"].chunks:  # slices of the batch's buffer: nothing copied
+        assert chunk.buffers()[1].address == source
 
 
 def test_a_unit_never_shares_a_file_while_part_of_it_is_elsewhere(tmp_path: Path) -> None:

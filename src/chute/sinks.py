@@ -18,8 +18,10 @@ import itertools
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -343,18 +345,25 @@ class PartWriter:
         fs, root = self._filesystem()
         if folder and is_local(fs):  # object stores have no directories to make
             make_dir(fs, f"{root}/{folder}")
-        payload = encode(table, fmt)
-        retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
-        return relative, len(payload)
+        if fmt == "parquet":  # streamed into the file: no copy of the file in memory
+            payload: bytes | Callable[[pa.NativeFile], None] = partial(_parquet, table)
+        else:
+            payload = encode(table, fmt)
+        size = retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
+        return relative, size
 
 
 def in_key_order(table: pa.Table) -> pa.Table:
-    """``table`` with its rows by unit, then row (pieces joined as they came may not be)."""
+    """``table`` with its rows by unit, then row (pieces joined as they came may not be).
+
+    The rows of a unit arrive in runs of consecutive rows, so the runs are put in order,
+    not the rows: slices of ``table``, nothing copied."""
     keys = table.column(KEY).to_numpy()
     order = np.where(keys < 0, -keys - 1, keys)
     if len(order) < 2 or bool((np.diff(order) > 0).all()):
         return table
-    return table.take(pa.array(np.argsort(order, kind="stable")))
+    pieces = sorted(runs(keys), key=lambda run: (run[2], run[3]))
+    return _concat([table.slice(lo, hi - lo) for lo, hi, *_ in pieces])
 
 
 def file_groups(
@@ -480,9 +489,7 @@ def encode(table: pa.Table, fmt: str) -> bytes:
     """The bytes of a part file in ``fmt``."""
     buf = io.BytesIO()
     if fmt == "parquet":
-        # Scores and embeddings seldom repeat: trying a dictionary for them costs more than
-        # the rest of the encoding. Carried-over keys and labels keep theirs.
-        pq.write_table(table, buf, use_dictionary=_dictionary_columns(table.schema))
+        _parquet(table, buf)
     elif fmt == "csv":
         check_csv(table.schema)  # a list column the plan could not foresee
         pacsv.write_csv(table, buf)
@@ -491,6 +498,13 @@ def encode(table: pa.Table, fmt: str) -> bytes:
     else:
         return to_jsonl(table)
     return buf.getvalue()
+
+
+def _parquet(table: pa.Table, out: Any) -> None:
+    """Write ``table`` as Parquet to the stream ``out``."""
+    # Scores and embeddings seldom repeat: trying a dictionary for them costs more than the
+    # rest of the encoding. Carried-over keys and labels keep theirs.
+    pq.write_table(table, out, use_dictionary=_dictionary_columns(table.schema))
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:

@@ -29,11 +29,12 @@ import re
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from chute.errors import ConfigError, write_error
@@ -236,25 +237,43 @@ def is_local(fs: pafs.FileSystem) -> bool:
     return isinstance(fs, pafs.LocalFileSystem)
 
 
-def put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the whole file or none of it.
+def put(fs: pafs.FileSystem, path: str, data: bytes | Callable[[pa.NativeFile], None]) -> int:
+    """Write ``data`` to ``path`` so that readers see the whole file or none of it; the
+    bytes written. ``data`` is the bytes, or a function that writes them to a stream.
 
     Locally: under a temporary name, then renamed into place (a failed write removes its
-    temporary). On an object store: one upload under the final name (an S3 PUT is
-    atomic); no rename exists there. A full disk or a refused write raises chute's error
-    for it (:func:`writing`).
+    temporary; a function writes straight into it, without a copy in memory). On an object
+    store: one upload under the final name (an S3 PUT is atomic); no rename exists there.
+    A full disk or a refused write raises chute's error for it (:func:`writing`).
     """
+
+    def write(out: pa.NativeFile) -> int:
+        if callable(data):
+            data(out)
+        else:
+            out.write(data)
+        return int(out.tell())
+
     with writing(path):
         if not is_local(fs):
+            # Closing a stream completes its upload: a function that fails half-way must
+            # not leave half a file under the final name, so the bytes are made first.
+            if callable(data):
+                buffer = pa.BufferOutputStream()
+                data(buffer)
+                payload = buffer.getvalue()
+            else:
+                payload = pa.py_buffer(data)
             with fs.open_output_stream(path) as out:
-                out.write(data)
-            return
+                out.write(payload)
+            return int(payload.size)
         directory, _, base = path.rpartition("/")
         tmp = f"{directory}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with fs.open_output_stream(tmp) as out:
-                out.write(data)
+                size = write(out)
             fs.move(tmp, path)
+            return size
         except BaseException:
             with contextlib.suppress(OSError):  # what a full disk holds of it, freed
                 fs.delete_file(tmp)
