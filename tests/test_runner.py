@@ -16,7 +16,7 @@ from chute import ChuteError, FileSource, Job, JobStateError, Model, Sink, Table
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.plan import Plan, build_plan
 from chute.runner import Committer
-from chute.sinks import PartRecord, _ipc
+from chute.sinks import PartRecord, to_ipc
 from chute.stages import tag
 
 
@@ -120,7 +120,7 @@ def test_in_memory_result_is_in_input_order() -> None:
 
     def part(unit: int, start: int, end: int, total: int) -> PartRecord:
         rows = tag(table.slice(unit * 5 + start, end - start), unit, start, total)
-        data = _ipc(rows)
+        data = to_ipc(rows)
         return PartRecord(unit, start, end, total, "", len(data), 0.0, data)
 
     committer.add([part(1, 3, 5, 5), part(0, 0, 5, 5)])

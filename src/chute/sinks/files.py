@@ -1,0 +1,162 @@
+"""The files of a file sink: which runs of rows share a data file (:func:`file_groups`;
+whole units together, never part of a unit beside another), rows in key order, and the
+bytes of a file in each format (:func:`encode`)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from chute.formats import check_csv, openai_lines, to_jsonl
+from chute.job import FileTarget
+from chute.sinks.records import PartRecord, runs
+from chute.stages import (
+    KEY,
+)
+
+EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl", "openai-batch": ".jsonl"}
+
+
+def in_key_order(table: pa.Table) -> pa.Table:
+    """``table`` with its rows by unit, then row (pieces joined as they came may not be).
+
+    The rows of a unit arrive in runs of consecutive rows, so the runs are put in order,
+    not the rows: slices of ``table``, nothing copied."""
+    keys = table.column(KEY).to_numpy()
+    order = np.where(keys < 0, -keys - 1, keys)
+    if len(order) < 2 or bool((np.diff(order) > 0).all()):
+        return table
+    pieces = sorted(runs(keys), key=lambda run: (run[2], run[3]))
+    return concat([table.slice(lo, hi - lo) for lo, hi, *_ in pieces])
+
+
+def file_groups(
+    records: Sequence[PartRecord], rows: Sequence[pa.Table | None], target: FileTarget
+) -> list[list[int]]:
+    """Which runs share a data file (indexes into ``records``; runs without rows in none).
+
+    Units whose every row is here (``whole``) are packed, in order, into files up to
+    ``target``; the runs of any other unit into files of their own. A file is never part
+    of one unit beside another, so its units are complete once it is written.
+    """
+    by_unit: dict[int, list[int]] = {}
+    for i, record in enumerate(records):
+        if rows[i] is not None:
+            by_unit.setdefault(record.unit, []).append(i)
+
+    def joined(held: list[int]) -> bool:  # whole, and not larger than a file
+        tables = [t for t in (rows[i] for i in held) if t is not None]
+        small = sum(t.nbytes for t in tables) <= target.bytes
+        fewer = sum(t.num_rows for t in tables) <= (target.rows or sys.maxsize)
+        return small and fewer and _whole([records[i] for i in held])
+
+    groups = _pack([held for held in by_unit.values() if joined(held)], rows, target)
+    for held in by_unit.values():
+        if not joined(held):
+            groups += _pack([[i] for i in held], rows, target)
+    return groups
+
+
+def cut(
+    records: list[PartRecord], rows: list[pa.Table | None], target: FileTarget
+) -> tuple[list[PartRecord], list[pa.Table | None]]:
+    """Runs larger than a file cut into runs of a file each (a run with failed rows is
+    left whole: its rows no longer match its row range)."""
+    out_records: list[PartRecord] = []
+    out_rows: list[pa.Table | None] = []
+    for record, table in zip(records, rows, strict=True):
+        step = 0 if table is None else target.rows_for(table.nbytes, table.num_rows)
+        if table is None or record.error_rows or table.num_rows <= step:
+            out_records.append(record)
+            out_rows.append(table)
+            continue
+        for lo in range(0, table.num_rows, step):
+            piece = table.slice(lo, step)
+            last = lo + piece.num_rows == table.num_rows
+            out_records.append(
+                replace(
+                    record,
+                    start=record.start + lo,
+                    end=record.start + lo + piece.num_rows,
+                    unit_rows=record.unit_rows if last else -1,
+                    metrics=record.metrics if lo == 0 else b"",
+                    errors_path=record.errors_path if lo == 0 else "",
+                    errors_nbytes=record.errors_nbytes if lo == 0 else 0,
+                )
+            )
+            out_rows.append(piece)
+    return out_records, out_rows
+
+
+def _whole(records: list[PartRecord]) -> bool:
+    """Whether the runs hold every row of their unit: 0 to its last row, without a gap."""
+    reached = 0
+    for record in sorted(records, key=lambda r: r.start):
+        if record.start != reached:
+            return False
+        reached = record.end
+    return any(r.unit_rows == reached for r in records)
+
+
+def _pack(
+    items: list[list[int]], rows: Sequence[pa.Table | None], target: FileTarget
+) -> list[list[int]]:
+    """Consecutive items (each a list of runs kept together) in groups up to ``target``."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    size = count = 0
+    for item in items:
+        tables = [t for t in (rows[i] for i in item) if t is not None]
+        nbytes, n = sum(t.nbytes for t in tables), sum(t.num_rows for t in tables)
+        if group and (size + nbytes > target.bytes or count + n > (target.rows or count + n)):
+            groups.append(group)
+            group, size, count = [], 0, 0
+        group += item
+        size, count = size + nbytes, count + n
+    if group:
+        groups.append(group)
+    return groups
+
+
+def concat(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+
+
+def encode(table: pa.Table, fmt: str) -> bytes:
+    """The bytes of a part file in ``fmt``."""
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        write_parquet(table, buf)
+    elif fmt == "csv":
+        check_csv(table.schema)  # a list column the plan could not foresee
+        pacsv.write_csv(table, buf)
+    elif fmt == "openai-batch":
+        return openai_lines(table)
+    else:
+        return to_jsonl(table)
+    return buf.getvalue()
+
+
+def write_parquet(table: pa.Table, out: Any) -> None:
+    """Write ``table`` as Parquet to the stream ``out``."""
+    # Scores and embeddings seldom repeat: trying a dictionary for them costs more than the
+    # rest of the encoding. Carried-over keys and labels keep theirs.
+    pq.write_table(table, out, use_dictionary=_dictionary_columns(table.schema))
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema if not _floating(f.type)]
+
+
+def _floating(kind: pa.DataType) -> bool:
+    if pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind):
+        return _floating(kind.value_type)
+    return bool(pa.types.is_floating(kind))
