@@ -11,14 +11,26 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
 
 HEAD_IP = "127.0.0.2"
+SOCKET_ROOM = 40
+"""The longest temp dir whose Ray socket paths fit the 107 bytes of an AF_UNIX address:
+Ray adds ``/session_<date>_<time>_<pid>/sockets/plasma_store.1`` (about 65 bytes)."""
+
+
+def short_dir(temp_dir: Path) -> Path:
+    """``temp_dir``, or a new short directory under /tmp where it is too long for Ray."""
+    if len(str(temp_dir)) <= SOCKET_ROOM:
+        return temp_dir
+    return Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
 
 
 def free_port() -> int:
@@ -31,7 +43,8 @@ class LoopbackCluster:
     """Start with :meth:`start`, add nodes with :meth:`add_node`, always :meth:`stop`."""
 
     def __init__(self, temp_dir: Path, head_cpus: int = 1) -> None:
-        self.temp_dir = temp_dir
+        self.temp_dir = short_dir(temp_dir)
+        self._made = self.temp_dir != temp_dir
         self.port = free_port()
         self.head_cpus = head_cpus
         self.nodes: list[str] = []
@@ -105,3 +118,5 @@ class LoopbackCluster:
         for proc in self.processes():
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
+        if self._made:  # the short directory made for Ray's sockets: nothing else uses it
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
