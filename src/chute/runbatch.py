@@ -79,7 +79,9 @@ class BatchRun:
         return Job(
             source=source,
             models=(model,),
-            output=Sink(self.parts, "openai-batch"),
+            # A file a unit: answers cost seconds of generation each, so a unit commits as
+            # it finishes instead of waiting for others to fill a shared file.
+            output=Sink(self.parts, "openai-batch", file_rows=self.requests_per_unit),
             engine=self.engine,
         )
 
