@@ -216,21 +216,29 @@ def test_resume_recomputes_only_the_uncommitted_unit(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_shared_file_is_trusted_only_with_all_its_units(tmp_path: Path) -> None:
-    """The three units share one file; the ledger loses one of their lines. The file is
-    not trusted for the others either (its rows would be written twice): all three are
-    redone, and the old file removed."""
+    """Units share a file; the ledger loses one of their lines. The file is not trusted
+    for the others either (its rows would be written twice): they are all redone, and the
+    old file removed."""
     data, out = _data(tmp_path / "data"), tmp_path / "out"
     _job(data, out, file_rows=None).run()
     lines = _ledger_lines(out)
-    (shared,) = {p for e in lines for p in e["parts"]}
-    lost = next(e for e in lines if e["unit"].endswith("1.parquet"))
+    holders: dict[str, list[dict[str, Any]]] = {}
+    for entry in lines:
+        for part in entry["parts"]:
+            holders.setdefault(part, []).append(entry)
+    # All three, unless the machine stalled for the hold time (5 s) between them.
+    shared, units = max(holders.items(), key=lambda item: len(item[1]))
+    assert len(units) >= 2, holders
+    lost = units[0]
     kept = [e for e in lines if e is not lost]
     (out / META_DIR / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
     (out / SUCCESS).unlink()
 
     report = _job(data, out, file_rows=None).run()
 
-    assert (report.units_done, report.units_skipped, report.rows_out) == (3, 0, 15)
+    redone = len(units)
+    assert (report.units_done, report.units_skipped) == (redone, 3 - redone)
+    assert report.rows_out == 5 * redone
     assert not (out / shared).exists()
     _check_output(out, ALL_IDS)
 
