@@ -289,6 +289,30 @@ def test_bad_input_gives_the_same_error_on_every_engine(
     assert _MESSAGES.setdefault(case, seen) == seen, f"{engine} differs from another engine"
 
 
+@pytest.mark.timeout(120)
+def test_a_column_named_like_a_model_is_not_taken_for_its_output(
+    engine: str, taxi_dir: Path, tmp_path: Path
+) -> None:
+    """The preprocess step's ``fare_per_mile`` starts with the name of the model ``fare``
+    that reads it: the output holds the model's column, not the step's (a writer took
+    every ``fare_*`` column for the model's, and wrote the step's column too)."""
+    model = chute.Model("fare", fare_model, inputs=("fare_per_mile",), batch_format="pandas")
+    step = chute.Preprocess(fare_per_mile, inputs=("fare_amount", "trip_distance"))
+    job = chute.Job(
+        source=chute.FileSource(str(taxi_dir)),
+        models=(model,),
+        preprocess=step,
+        carryover=("trip_id",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine=engine,
+    )
+    job.run()
+    table = read_output(tmp_path / "out")
+    assert table.column_names == ["trip_id", "fare_value"]
+    want = expected(taxi_dir)
+    assert table.sort_by("trip_id")["fare_value"].equals(want["price_value"])
+
+
 # --------------------------------------------------------------------------- in memory
 
 

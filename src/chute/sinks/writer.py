@@ -33,6 +33,7 @@ from chute.stages import (
     ERROR_MESSAGE,
     ERROR_MODEL,
     KEY,
+    OUTPUT_OF,
     SKIPPED,
 )
 from chute.storage import StorageOptions, is_local, make_dir, put, resolve
@@ -54,16 +55,27 @@ class Output:
     evaluation: Evaluation = field(default_factory=lambda: Evaluation({}))
     """The metrics writers compute over the rows they write."""
 
-    def columns(self, available: Sequence[str]) -> list[str]:
-        """Carryover columns, then each model's outputs in model order."""
+    def columns(self, available: pa.Schema | Sequence[str]) -> list[str]:
+        """Carryover columns, then each model's outputs in model order: the columns its
+        stage marked as its own (:data:`~chute.stages.OUTPUT_OF`, in a batch's schema);
+        where there is no such mark for a model, the columns named ``<model>`` or
+        ``<model>_*`` that are not input columns."""
+        marked: dict[str, list[str]] = {}
+        for column in available if isinstance(available, pa.Schema) else ():
+            owner = (column.metadata or {}).get(OUTPUT_OF)
+            if owner is not None:
+                marked.setdefault(owner.decode(), []).append(column.name)
+        names = available.names if isinstance(available, pa.Schema) else list(available)
+        owned = {c for names in marked.values() for c in names}
         produced: list[str] = []
-        for name in self.models:
-            produced += [
+        for model in self.models:
+            produced += marked.get(model) or [
                 c
-                for c in available
-                if (c == name or c.startswith(name + "_"))
+                for c in names
+                if (c == model or c.startswith(model + "_"))
                 and c not in self.carryover
                 and c not in self.source_columns
+                and c not in owned
                 and c not in produced
                 and c != KEY
             ]
@@ -109,7 +121,7 @@ class PartWriter:
         errors = None
         if ERROR_MODEL in table.column_names:
             errors = _select(table, [*self.output.carryover, *ERROR_COLUMNS])
-        full, table = table, _select(table, [*self.output.columns(table.column_names), KEY])
+        full, table = table, _select(table, [*self.output.columns(table.schema), KEY])
         records, rows = [], []
         for lo, hi, unit, start, total in runs(keys):
             record, healthy = self._write_run(

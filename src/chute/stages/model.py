@@ -25,7 +25,15 @@ from chute.oom import is_out_of_memory
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
 from chute.stages.convert import to_columns, to_format
-from chute.stages.rows import KEY, decode, healthy_rows, keep_mask, mark_failed, scatter
+from chute.stages.rows import (
+    KEY,
+    decode,
+    healthy_rows,
+    keep_mask,
+    mark_failed,
+    output_field,
+    scatter,
+)
 from chute.usercode import resolve
 
 ROW_ERROR = "_error"
@@ -141,7 +149,7 @@ class ModelStage:
                     f"model {self.name!r} returned column {name!r}, but the batch already has "
                     "a column of that name: rename the model or its output."
                 )
-            table = table.append_column(name, array)
+            table = table.append_column(output_field(self.name, name, array), array)
         if failures:
             table = mark_failed(
                 table, positions[[i for i, _ in failures]], self.name, [exc for _, exc in failures]

@@ -36,6 +36,17 @@ def decode(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return plain >> ROW_BITS, plain & ROW_MASK, last
 
 
+OUTPUT_OF = b"chute.output_of"
+"""Field metadata on a column a model stage appended: the model's name. A writer takes a
+model's outputs by it, so a column of the input or of a preprocess step that merely
+starts with a model's name (``fare_per_mile`` beside a model ``fare``) is not one."""
+
+
+def output_field(model: str, name: str, array: pa.Array | pa.ChunkedArray) -> pa.Field:
+    """The field of a column that ``model`` produced."""
+    return pa.field(name, array.type, metadata={OUTPUT_OF: model.encode()})
+
+
 ERROR_MODEL = "__chute_error_model"
 ERROR_TYPE = "__chute_error_type"
 ERROR_MESSAGE = "__chute_error_message"
