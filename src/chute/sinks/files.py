@@ -18,9 +18,7 @@ import pyarrow.parquet as pq
 from chute.formats import check_csv, openai_lines, to_jsonl
 from chute.job import FileTarget
 from chute.sinks.records import PartRecord, runs
-from chute.stages import (
-    KEY,
-)
+from chute.stages import KEY
 
 EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl", "openai-batch": ".jsonl"}
 

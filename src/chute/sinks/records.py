@@ -11,9 +11,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import pyarrow as pa
 
-from chute.stages import (
-    decode,
-)
+from chute.stages import decode
 
 
 @dataclass(frozen=True)
