@@ -187,34 +187,9 @@ class PartWriter:
                 unit, start, end, total, "", len(data), 0.0, data, error_rows=error_rows
             )
             return record, None
-        if self.joins:  # the rows go to a file with others' (_write_files)
-            bad, bad_size = self._put_errors(errors, unit, start)
-            seconds = time.perf_counter() - began
-            record = PartRecord(
-                unit,
-                start,
-                end,
-                total,
-                "",
-                0,
-                seconds,
-                errors_path=bad,
-                error_rows=error_rows,
-                errors_nbytes=bad_size,
-            )
-            return record, part if part.num_rows else None
-        data, table = part.drop_columns([KEY]), ""
+        path, size, table = "", 0, ""  # a file sink's rows go to a file with others'
         if isinstance(self.sink, TableSink) and part.num_rows:
-            if self.sink.sort_by:
-                data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
-            table = part_info(data.schema)
-        if isinstance(self.sink, TableSink) and self.sink.format == "lance" and part.num_rows:
-            path, size, table = self._put_lance(data)
-        elif isinstance(self.sink, TableSink) and self.sink.partition_by and part.num_rows:
-            path, size, table = self._put_partitioned(data, unit, start)
-        else:
-            folder = self._folder(errors=False)
-            path, size = self._put(data, unit, start, folder) if part.num_rows else ("", 0)
+            path, size, table = self._put_table(part, unit, start)
         bad, bad_size = self._put_errors(errors, unit, start)
         seconds = time.perf_counter() - began
         record = PartRecord(
@@ -230,7 +205,21 @@ class PartWriter:
             errors_nbytes=bad_size,
             table=table,
         )
-        return record, None
+        return record, part if self.joins and part.num_rows else None
+
+    def _put_table(self, part: pa.Table, unit: int, start: int) -> tuple[str, int, str]:
+        """A table sink's part (sorted as the sink says): its first file, bytes, info."""
+        assert isinstance(self.sink, TableSink)
+        data = part.drop_columns([KEY])
+        if self.sink.sort_by:
+            data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
+        table = part_info(data.schema)
+        if self.sink.format == "lance":
+            return self._put_lance(data)
+        if self.sink.partition_by:
+            return self._put_partitioned(data, unit, start)
+        path, size = self._put(data, unit, start, self._folder(errors=False))
+        return path, size, table
 
     def _put_errors(self, errors: pa.Table | None, unit: int, start: int) -> tuple[str, int]:
         """A run's failed rows as an errors part of its own (quarantine); ``("", 0)``: none."""
