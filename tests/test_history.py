@@ -70,7 +70,9 @@ def test_each_run_appends_its_record_and_the_report_shows_the_whole_output(
     assert str(first["stopped"]).startswith("ModelError: model 'm' raised RuntimeError")
     assert first["resume"]
     committed_first = first["totals"]["units"]  # type: ignore[index]
-    assert 0 < committed_first < UNITS
+    # units 0 and 1 were read before unit 3 and passed the model before its last rows:
+    # the failure does not take them down with it, however busy the machine
+    assert 2 <= committed_first < UNITS
 
     saved = _report(out)
     runs = saved["runs"]

@@ -13,6 +13,7 @@ bounded, so memory stays flat however large the input is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -261,8 +262,9 @@ class _Run:
         channel = self._preprocess(channel)
         for stage in plan.stages:
             channel = self._model(stage, channel)
-        files = Coalescer(PartWriter(plan.output))  # shared: files of several batches
-        self._spawn("write", writers, partial(self._write, channel, files))
+        self.files = Coalescer(PartWriter(plan.output))  # shared: files of several batches
+        self.written = channel
+        self._spawn("write", writers, partial(self._write, channel, self.files))
 
     def _channel(self, producers: int) -> Channel:
         return Channel(CHANNEL_BATCHES, producers, self.stop)
@@ -415,12 +417,39 @@ class _Run:
                         counted, self.counted = self.counted, {}
                     commit(records, counted)
             self._raise_first_error()
+        except BaseException as exc:
+            self._end_threads()
+            if self.errors:  # a stage failed: the units that finished before it still count
+                try:
+                    self._commit_finished(commit)
+                except Exception as late:  # the first error is the one to tell
+                    exc.add_note(f"The units finished before it were not committed ({late}).")
+            raise
         finally:
-            self.stop.set()
-            for thread in self.threads:
-                thread.join(timeout=5)
+            self._end_threads()
         self.stats.pop("write", None)
         return self.stats
+
+    def _end_threads(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    def _commit_finished(self, commit: Commit) -> None:
+        """After a stage failed: commit the parts already written, and write and commit
+        the finished units still on their way to the writer or held by the coalescer for
+        company, so that the resume
+        redoes only what had not finished (it would redo them all the same, correctly,
+        but a model that fails an hour in should not cost the hour)."""
+        records: list[PartRecord] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                records += self.records.get_nowait() or []
+        while (batch := self.written.poll()) is not None:  # through every model already
+            records += self.files.add(batch)
+        records += self.files.flush()
+        if records:
+            commit(records)
 
     def _raise_first_error(self) -> None:
         if self.errors:
