@@ -6,8 +6,8 @@ runs the job of ``tests/test_cluster_shapes.py`` (16 files × 40,000 rows, a mod
 and then, as a user would, runs the same command again until it finishes (adding a node
 back first when the run stopped with exit 7). It prints, per trial, the moment of the kill,
 every run's exit code and seconds, the units and rows each run committed (their sum is the
-input's when no committed unit was computed again), and whether every row is in the
-output exactly once.
+input's when no committed unit was computed again), when a run planned its work again
+around the lost node, and whether every row is in the output exactly once.
 
     python benchmarks/chaos_cluster.py --trials 6
     python benchmarks/chaos_cluster.py --trials 3 --shape 0,1,1 --seed 7
@@ -70,6 +70,11 @@ def trial(root: Path, shape: list[int], kill_after: int, cpus: float | None) -> 
         outcome["units"] = [r.get("units_run") for r in report["runs"]]
         outcome["stopped"] = [r.get("stopped") for r in report["runs"]]
         outcome["redone"] = len(report.get("units_redone") or [])
+        outcome["replanned"] = [  # the last run's events: the run that finished
+            e.split(" (")[0].removeprefix("planned again at ")
+            for e in report.get("events", [])
+            if e.startswith("planned again at ")
+        ]
         try:
             _exactly_once(work)
             outcome["exact"] = True
@@ -92,9 +97,9 @@ def main() -> None:
     print(f"load average before: {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     print(
         "| trial | shape | kill | runs (exit, s) | stopped | units run | rows committed "
-        "| units redone | once |"
+        "| units redone | planned again at | once |"
     )
-    print("|---:|---|---|---|---|---|---|---:|---|")
+    print("|---:|---|---|---|---|---|---|---:|---|---|")
     for i in range(args.trials):
         root = Path(tempfile.mkdtemp(prefix="cc", dir="/tmp"))
         try:
@@ -104,7 +109,8 @@ def main() -> None:
         print(
             f"| {i + 1} | {found['shape']} | {found.get('killed')} | {found['runs']} | "
             f"{found.get('stopped')} | {found.get('units')} | {found.get('committed')} | "
-            f"{found.get('redone')} | {found.get('exact')} |",
+            f"{found.get('redone')} | {', '.join(found.get('replanned') or []) or '—'} | "
+            f"{found.get('exact')} |",
             flush=True,
         )
     print(f"load average after: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")

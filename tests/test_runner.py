@@ -105,6 +105,21 @@ def test_duplicates_before_commit_are_ignored(tmp_path: Path) -> None:
     assert ledger.entries["memory[0:5]"]["parts"] == ["first", "rest"]
 
 
+def test_redo_forgets_the_parts_of_units_not_complete_and_names_them(tmp_path: Path) -> None:
+    """An engine that plans its work again (the cluster changed) runs the units not done
+    again, cut into other parts: the parts of the attempt it abandoned are forgotten, so
+    that the new ones complete the unit alone and the ledger names only them."""
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False)
+    committer = Committer(_plan(), ledger, None)
+    committer.add([_rec(1, 0, 5, 5), _rec(0, 0, 3, path="abandoned")])
+    assert committer.redo() == {0}
+    committer.add([_rec(0, 0, 2, path="new-a"), _rec(0, 2, 5, 5, path="new-b")])
+    assert committer.done == {0, 1} and committer.rows_out == 10
+    assert ledger.entries["memory[0:5]"]["parts"] == ["new-a", "new-b"]
+    assert committer.parts == 3  # the abandoned part is an orphan: not counted
+    assert committer.redo() == set()
+
+
 def test_records_of_units_not_pending_are_ignored() -> None:
     plan = _plan()
     plan.pending = plan.units[1:]

@@ -105,3 +105,57 @@ def test_the_bar_says_waiting_for_resources_instead_of_an_eta() -> None:
         bar.waiting("waiting for resources: {CPU: 1} pending")
     assert "waiting for resources: {CPU: 1} pending" in out.getvalue()
     assert "ETA" not in out.getvalue().splitlines()[-1]
+
+
+def _adapting(grow: bool = True) -> Watchdog:
+    return Watchdog(STARTED, 1.0, bound=60.0, poll=0.02, adapt=True, grow=lambda: grow)
+
+
+def test_a_lost_node_that_leaves_demand_waiting_asks_for_a_new_plan_not_the_bound() -> None:
+    """Adapting, the watchdog does not wait out the bound after a loss that leaves CPUs:
+    a new plan on what is left goes on in the same run."""
+    watchdog = _adapting()
+    watchdog._stop.set()  # no thread to stop: the check only decides
+    now = time.monotonic()
+    assert not watchdog.check(LOST_WORKER, now)  # first seen
+    assert not watchdog.check(LOST_WORKER, now + 4)  # a restarting actor may get there
+    assert watchdog.check(LOST_WORKER, now + 5.5)
+    assert watchdog.error is None and watchdog.replan is None  # stopped already: nothing set
+    watchdog = _adapting()
+    watchdog._raise_in_target = lambda: None  # type: ignore[method-assign]
+    assert not watchdog.check(LOST_WORKER, now)
+    assert watchdog.check(LOST_WORKER, now + 5.5)
+    assert watchdog.error is None
+    assert watchdog.replan is not None and watchdog.replan.startswith("lost node 127.0.0.3")
+
+
+def test_no_cpu_left_is_waited_out_and_stopped_even_when_adapting() -> None:
+    """Nothing to plan for: the bound, then the error that says to add a node."""
+    no_cpu = Sample([{"CPU": 1.0}], (Node("127.0.0.2", 0.0),), {})
+    watchdog = _adapting()
+    watchdog._raise_in_target = lambda: None  # type: ignore[method-assign]
+    now = time.monotonic()
+    assert not any(watchdog.check(no_cpu, now + t) for t in (0, 6, 30, 59))
+    assert watchdog.check(no_cpu, now + 61)
+    assert watchdog.replan is None and isinstance(watchdog.error, StallError)
+
+
+@pytest.mark.parametrize("grow", [True, False], ids=["work-left", "nearly-done"])
+def test_a_node_that_joins_asks_for_a_new_plan_while_work_is_left(grow: bool) -> None:
+    joined = Sample([], (HEAD, WORKER, Node("127.0.0.4", 2.0)), {})
+    gpu_less_cpu_less = Sample([], (HEAD, WORKER, Node("127.0.0.5", 0.0)), {})
+    watchdog = _adapting(grow)
+    watchdog._raise_in_target = lambda: None  # type: ignore[method-assign]
+    now = time.monotonic()
+    assert not watchdog.check(gpu_less_cpu_less, now)  # nothing to run there
+    assert watchdog.check(joined, now + 1) is grow
+    assert watchdog.replan == ("node 127.0.0.4 (2 CPU) joined" if grow else None)
+    assert watchdog.error is None
+
+
+def test_a_watchdog_that_does_not_adapt_never_asks_for_a_new_plan() -> None:
+    watchdog = _watchdog(LOST_WORKER, [], bound=60.0)
+    joined = Sample([], (HEAD, WORKER, Node("127.0.0.4", 2.0)), {})
+    now = time.monotonic()
+    assert not any(watchdog.check(s, now + t) for s, t in ((joined, 0), (LOST_WORKER, 30)))
+    assert watchdog.replan is None

@@ -46,6 +46,11 @@ class Commit(Protocol):
         status: str | None = None,
     ) -> None: ...
 
+    def redo(self) -> set[int]:
+        """Forget the parts of every unit not complete yet (an engine that stopped its
+        work midway runs them again) and return their indexes: the units still to run."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineOptions:

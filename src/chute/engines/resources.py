@@ -26,8 +26,8 @@ into what is left:
   (and so nothing that could starve the reads).
 
 The plan is made against the cluster as it is when a run starts; a cluster that loses
-nodes mid-run is watched by :mod:`chute.engines.ray.watchdog`, and the next run plans
-against what is left.
+or gains nodes mid-run is watched by :mod:`chute.engines.ray.watchdog`, and the run plans
+the units not done yet against the cluster as it is then.
 """
 
 from __future__ import annotations

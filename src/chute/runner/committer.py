@@ -122,6 +122,20 @@ class Committer:
             self.timeline.append((round(time.perf_counter() - self._started, 3), self.write.rows))
         self._commit(completed)
 
+    __call__ = add
+
+    def redo(self) -> set[int]:
+        """Forget what arrived of the units not complete yet, and return their indexes:
+        an engine that planned its work again runs them again, in parts of other sizes."""
+        with self._lock:
+            left = {index for index in self.units if index not in self.done}
+            for index in left:
+                self._files -= {p.path for p in self._parts.pop(index, [])}
+                self._totals.pop(index, None)
+                self._unit_states.pop(index, None)
+            self._tables = [t for t in self._tables if t[0] not in left]
+        return left
+
     @property
     def parts(self) -> int:
         """Data files written this run; a file several units share counts once."""

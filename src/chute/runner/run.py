@@ -115,7 +115,7 @@ def _execute(
     try:
         try:
             with bar, committer:
-                stages = engine.execute(plan, committer.add) if plan.pending else {}
+                stages = engine.execute(plan, committer) if plan.pending else {}
         finally:
             run.events = engine.events() if plan.pending else []
         committer.flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,9 +28,15 @@ from chute.errors import ChuteError
 from chute.plan import Plan, Reader, StagePlan
 from chute.raydata import quiet_data
 from chute.report import StageStats
-from chute.sinks import Output, records_from_table
+from chute.sinks import Output, PartRecord, records_from_table
 from chute.sources import DatasetSource, TableSource
 from chute.stages import PrepareStage, preparer
+
+REPLANS = 3
+"""Most times one run plans its work again because the cluster changed; after that, a
+stall stops it (the watchdog's error) and the next run plans afresh."""
+GROW_UNITS = 2
+"""A node that joins is used (the run planned again) while more units than this are left."""
 
 
 class RayEngine:
@@ -77,35 +84,89 @@ class RayEngine:
         return list(self._events)
 
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
+        """Run the pending units; when the cluster changes under the run (a node lost that
+        leaves work no node can take, or a node that joins), plan the units not done yet
+        against the cluster as it is then and go on, at most :data:`REPLANS` times."""
         self._events = []
+        totals: dict[str, dict[str, float]] = {}
+        began, attempt = time.monotonic(), plan
+        try:
+            for replans in range(REPLANS + 1):
+                why = self._attempt(attempt, commit, totals, began, adapt=replans < REPLANS)
+                if why is None:
+                    break
+                left = commit.redo()
+                minutes, seconds = divmod(int(time.monotonic() - began), 60)
+                self._events.append(
+                    f"planned again at {minutes}:{seconds:02d} ({why}): {len(left)} unit(s) "
+                    "left, those in flight run again"
+                )
+                attempt = replace(plan, pending=[u for u in plan.pending if u.index in left])
+                if not attempt.pending:
+                    break
+        finally:
+            if not self.verbose:
+                self._events.append(f"Ray's own messages: {ray_log()}")
+        return carried.stage_stats(totals)
+
+    def _attempt(
+        self,
+        plan: Plan,
+        commit: Commit,
+        totals: dict[str, dict[str, float]],
+        began: float,
+        adapt: bool,
+    ) -> str | None:
+        """Run ``plan.pending`` on a plan made against the cluster as it is now; ``None``
+        once all are done, or why the watchdog stopped the run to plan it again."""
         resources = self.resources(plan)
         found = cluster()
-        totals: dict[str, dict[str, float]] = {}
+        ends = [0]  # units whose last rows arrived: a joined node is worth a new plan only
+        # while more than a few are left (a new plan runs the units in flight again)
+
+        def seen(records: list[PartRecord], counters: Any = None, status: Any = None) -> None:
+            ends[0] += sum(1 for r in records if r.unit_rows >= 0)
+            commit(records, counters, status)
+
         watchdog = Watchdog(
             found,
             min((r.cpus for r in resources if not r.fused), default=0.0),
             waiting=lambda note: commit([], None, status=note),
             log_note="" if self.verbose else f" Ray's own messages: {ray_log()}.",
+            adapt=adapt,
+            grow=lambda: len(plan.pending) - ends[0] > GROW_UNITS,
+            began=began,
+        )
+        release = released(
+            wait=lambda: watchdog.error is None,
+            kill=lambda: watchdog.replan is not None,
+            free=lambda: not watchdog.lost,
         )
         try:
-            with released(lambda: watchdog.error is None), quiet_data(self.verbose), watchdog:
+            with (
+                release,
+                quiet_data(self.verbose),
+                watchdog,
+            ):
                 dataset = self._dataset(plan, resources, read_cpus(found))
-                self._stream(dataset, commit, totals, watchdog.progress)
+                self._stream(dataset, seen, totals, watchdog.progress)
         except Stalled:
+            if watchdog.replan is not None:
+                return watchdog.replan
             assert watchdog.error is not None
             raise watchdog.error from None
         finally:
-            self._events = [f"lost node {lost}" for lost in watchdog.lost.values()]
-            if not self.verbose:
-                self._events.append(f"Ray's own messages: {ray_log()}")
-        if watchdog.error is not None:  # stopped, and Ray's iterator ended rather than raised
+            self._events += [f"lost node {lost}" for lost in watchdog.lost.values()]
+        if watchdog.replan is not None:  # stopped, and Ray's iterator ended rather than raised
+            return watchdog.replan
+        if watchdog.error is not None:
             raise watchdog.error
-        return carried.stage_stats(totals)
+        return None
 
     def _stream(
         self,
         dataset: Any,
-        commit: Commit,
+        commit: Callable[[list[PartRecord], Any], None],
         totals: dict[str, dict[str, float]],
         progress: Callable[[], None],
     ) -> None:

@@ -24,7 +24,11 @@ the operator's name, which holds ``ModelActor`` for chute's model stages)."""
 
 
 @contextmanager
-def released(wait: Callable[[], bool] = lambda: True) -> Iterator[None]:
+def released(
+    wait: Callable[[], bool] = lambda: True,
+    kill: Callable[[], bool] = lambda: False,
+    free: Callable[[], bool] = lambda: True,
+) -> Iterator[None]:
     """On the way out of a run, finished or failed, wait until its actors have exited and
     their CPUs and GPUs are free again, so that the next run in this process (a notebook,
     a test) never finds them taken: its reads would starve.
@@ -36,6 +40,11 @@ def released(wait: Callable[[], bool] = lambda: True) -> Iterator[None]:
     a slow cluster delays the return, never fails the job). No wait where ``wait()`` says
     so at the end: a run stopped because the cluster lost nodes would wait for actors
     that cannot start, and for CPUs that are gone.
+
+    Where ``kill()`` says so at the end (the run stops to be planned again and goes on),
+    the pool's actors are killed first: none may finish a batch and write a part after
+    the new plan's work has begun. Where ``free()`` says not (nodes were lost), there is
+    no wait for the CPUs of the start.
     """
     import ray
 
@@ -49,9 +58,12 @@ def released(wait: Callable[[], bool] = lambda: True) -> Iterator[None]:
         raise
     finally:
         gc.collect()  # Ray Data's executor and operators hold each other: a cycle to free
+        if kill():
+            _kill_pool_actors()
         if wait():
             _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
-            _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
+            if free():
+                _wait_for(lambda: _at_least(_free(ray.available_resources()), before), FREE_SECONDS)
 
 
 def _free(available: Mapping[str, float]) -> dict[str, float]:
@@ -64,6 +76,11 @@ def _at_least(now: Mapping[str, float], before: Mapping[str, float]) -> bool:
 
 def live_pool_actors() -> int:
     """This driver's Ray Data pool actors that are not dead yet (0 if Ray cannot say)."""
+    return len(_live_pool_actors())
+
+
+def _live_pool_actors() -> list[str]:
+    """The ids of this driver's model pool actors not dead yet (none if Ray cannot say)."""
     import ray
 
     try:
@@ -71,12 +88,24 @@ def live_pool_actors() -> int:
         table = ray._private.state.actors(job_id=job)  # the GCS actor table; no dashboard
     except Exception:  # not every Ray has it: then the wait for free resources alone
         log.debug("cannot read Ray's actor table", exc_info=True)
-        return 0
-    return sum(
-        1
+        return []
+    return [
+        str(actor.get("ActorID"))
         for actor in table.values()
         if _is_model_pool(str(actor.get("ActorClassName"))) and actor.get("State") != "DEAD"
-    )
+    ]
+
+
+def _kill_pool_actors() -> None:
+    """Kill this driver's model pool actors at once, in-flight batches and all."""
+    import ray
+
+    for actor in _live_pool_actors():
+        try:  # ray.kill wants a handle, which Ray Data kept to itself: the same call by id
+            worker = ray._private.worker.global_worker
+            worker.core_worker.kill_actor(ray.ActorID.from_hex(actor), True)
+        except Exception:  # gone meanwhile, or a Ray without the call: the wait covers it
+            log.debug("cannot kill actor %s", actor, exc_info=True)
 
 
 def _is_model_pool(name: str) -> bool:

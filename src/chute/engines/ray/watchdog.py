@@ -14,6 +14,13 @@ the cluster has (and which nodes it lost) and what to do. Units committed so far
 committed: the same command resumes, planning against the cluster as it is then. Until
 then, once such demand has waited :data:`WAITING_SECONDS` (or half the bound), the
 progress line says "waiting for resources" instead of an ETA.
+
+A watchdog that may ``adapt`` asks for a new plan instead, without waiting out the bound:
+when a node was lost and such demand has waited :data:`WAITING_SECONDS` while CPUs are
+left, or when a node joined the cluster (and ``grow()`` says enough work is left to use
+it). It stops the run the same way, with :attr:`Watchdog.replan` saying why; the engine
+plans the units not yet done against the cluster as it is now and goes on in the same
+run. A cluster with no CPU left cannot be planned for: that still waits out the bound.
 """
 
 from __future__ import annotations
@@ -125,7 +132,16 @@ class Watchdog:
     probe: Callable[[float], Sample] = sample
     log_note: str = ""
     """Where Ray's own messages went, for the error (``" Ray's messages: …"``)."""
+    adapt: bool = False
+    """Ask for a new plan when a node is lost or joins (see the module's text)."""
+    grow: Callable[[], bool] = lambda: True
+    """Whether enough work is left to re-plan for a node that joined."""
+    began: float | None = None
+    """When the run began (``time.monotonic()``), for the times of lost nodes; ``None``:
+    when the watchdog was made."""
     error: StallError | None = None
+    replan: str | None = None
+    """Why the run was stopped to be planned again (``"lost node …"``, ``"node … joined"``)."""
     _last: float = field(default_factory=time.monotonic)
     _since: float | None = None
     _shown: bool = False
@@ -135,6 +151,10 @@ class Watchdog:
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _target: int = 0
+
+    def __post_init__(self) -> None:
+        if self.began is not None:
+            self._began = self.began
 
     def __enter__(self) -> Watchdog:
         self._target = threading.get_ident()
@@ -181,13 +201,19 @@ class Watchdog:
     def check(self, found: Sample, now: float) -> bool:
         """Look at one sample; True once the run is stopped."""
         self._note_lost(found, now)
+        joined = self._joined(found)
+        if joined and self.adapt and self.grow():
+            return self._stop_run(replan=f"node {joined} joined")
         hopeless = found.hopeless()
         if not hopeless:
             self._since = None
             return False
         self._since = self._since if self._since is not None else now
         waited = now - max(self._since, self._last)
-        if waited >= min(WAITING_SECONDS, self.bound / 2) and not self._shown:
+        patience = min(WAITING_SECONDS, self.bound / 2)
+        if self.adapt and self.lost and waited >= patience and any(n.cpus for n in found.nodes):
+            return self._stop_run(replan=self._lost_note())
+        if waited >= patience and not self._shown:
             self._shown = True
             lost = self._lost_note()
             self.waiting(
@@ -196,10 +222,23 @@ class Watchdog:
             )
         if waited < self.bound:
             return False
+        return self._stop_run(error=StallError(self.diagnose(found, hopeless)))
+
+    def _joined(self, found: Sample) -> str:
+        """Nodes with CPUs or GPUs that were not there at the start (``""``: none)."""
+        if not self.started.nodes:  # nothing known to compare with
+            return ""
+        known = {n.address for n in self.started.nodes}
+        new = [n for n in found.nodes if n.address not in known and (n.cpus or n.gpus)]
+        return ", ".join(f"{n.address} ({n.cpus:g} CPU)" for n in new)
+
+    def _stop_run(self, error: StallError | None = None, replan: str | None = None) -> bool:
         with self._lock:
             if self._stop.is_set():
                 return True
-            self.error = StallError(self.diagnose(found, hopeless))
+            self.error, self.replan = error, replan
+            if replan is not None:
+                log.info("planning again: %s", replan)
             self._raise_in_target()
         return True
 
