@@ -425,8 +425,7 @@ class _Run:
                 except Exception as late:  # the first error is the one to tell
                     exc.add_note(f"The units finished before it were not committed ({late}).")
             raise
-        finally:
-            self._end_threads()
+        self._end_threads()
         self.stats.pop("write", None)
         return self.stats
 
@@ -438,9 +437,9 @@ class _Run:
     def _commit_finished(self, commit: Commit) -> None:
         """After a stage failed: commit the parts already written, and write and commit
         the finished units still on their way to the writer or held by the coalescer for
-        company, so that the resume
-        redoes only what had not finished (it would redo them all the same, correctly,
-        but a model that fails an hour in should not cost the hour)."""
+        company, so that the resume redoes only what had not finished (it would redo them
+        all the same, correctly, but a model that fails an hour in should not cost the
+        hour)."""
         records: list[PartRecord] = []
         with contextlib.suppress(queue.Empty):
             while True:

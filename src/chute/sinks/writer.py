@@ -213,13 +213,12 @@ class PartWriter:
         data = part.drop_columns([KEY])
         if self.sink.sort_by:
             data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
-        table = part_info(data.schema)
         if self.sink.format == "lance":
             return self._put_lance(data)
         if self.sink.partition_by:
             return self._put_partitioned(data, unit, start)
         path, size = self._put(data, unit, start, self._folder(errors=False))
-        return path, size, table
+        return path, size, part_info(data.schema)
 
     def _put_errors(self, errors: pa.Table | None, unit: int, start: int) -> tuple[str, int]:
         """A run's failed rows as an errors part of its own (quarantine); ``("", 0)``: none."""

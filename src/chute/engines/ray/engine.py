@@ -143,11 +143,7 @@ class RayEngine:
             free=lambda: not watchdog.lost,
         )
         try:
-            with (
-                release,
-                quiet_data(self.verbose),
-                watchdog,
-            ):
+            with release, quiet_data(self.verbose), watchdog:
                 dataset = self._dataset(plan, resources, read_cpus(found))
                 self._stream(dataset, seen, totals, watchdog.progress)
         except Stalled:

@@ -100,9 +100,9 @@ def _kill_pool_actors() -> None:
     """Kill this driver's model pool actors at once, in-flight batches and all."""
     import ray
 
+    worker = ray._private.worker.global_worker
     for actor in _live_pool_actors():
         try:  # ray.kill wants a handle, which Ray Data kept to itself: the same call by id
-            worker = ray._private.worker.global_worker
             worker.core_worker.kill_actor(ray.ActorID.from_hex(actor), True)
         except Exception:  # gone meanwhile, or a Ray without the call: the wait covers it
             log.debug("cannot kill actor %s", actor, exc_info=True)

@@ -136,9 +136,8 @@ class Watchdog:
     """Ask for a new plan when a node is lost or joins (see the module's text)."""
     grow: Callable[[], bool] = lambda: True
     """Whether enough work is left to re-plan for a node that joined."""
-    began: float | None = None
-    """When the run began (``time.monotonic()``), for the times of lost nodes; ``None``:
-    when the watchdog was made."""
+    began: float = field(default_factory=time.monotonic)
+    """When the run began (``time.monotonic()``), for the times of lost nodes."""
     error: StallError | None = None
     replan: str | None = None
     """Why the run was stopped to be planned again (``"lost node …"``, ``"node … joined"``)."""
@@ -147,14 +146,9 @@ class Watchdog:
     _shown: bool = False
     lost: dict[str, str] = field(default_factory=dict)
     """Each node lost since the start, by address: ``"127.0.0.3 (1 CPU) at 0:42"``."""
-    _began: float = field(default_factory=time.monotonic)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _target: int = 0
-
-    def __post_init__(self) -> None:
-        if self.began is not None:
-            self._began = self.began
 
     def __enter__(self) -> Watchdog:
         self._target = threading.get_ident()
@@ -180,7 +174,7 @@ class Watchdog:
             n for n in self.started.nodes if n.address not in alive and n.address not in self.lost
         ]
         for node in gone:
-            minutes, seconds = divmod(int(now - self._began), 60)
+            minutes, seconds = divmod(int(now - self.began), 60)
             self.lost[node.address] = (
                 f"{node.address} ({node.cpus:g} CPU) at {minutes}:{seconds:02d}"
             )
@@ -201,8 +195,7 @@ class Watchdog:
     def check(self, found: Sample, now: float) -> bool:
         """Look at one sample; True once the run is stopped."""
         self._note_lost(found, now)
-        joined = self._joined(found)
-        if joined and self.adapt and self.grow():
+        if self.adapt and (joined := self._joined(found)) and self.grow():
             return self._stop_run(replan=f"node {joined} joined")
         hopeless = found.hopeless()
         if not hopeless:
