@@ -8,7 +8,9 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
@@ -99,3 +101,40 @@ def test_each_run_appends_its_record_and_the_report_shows_the_whole_output(
     runs_section = page.split("<section id='runs'>")[1].split("</section>")[0]
     assert runs_section.count("<tr>") == 3  # the header and one row per run
     assert "run 1" in page and "run 2" in page  # the timeline across both runs
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_while_committing_the_finished_units_keeps_the_first_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model fails; keeping the units that finished before it fails too (the disk is
+    full when the driver writes them): the model's error is the one raised, the second
+    is a note on it, and the same command then finishes with every row once."""
+    import threading
+
+    from chute.coalesce import Coalescer
+
+    real = Coalescer.flush
+
+    def full_disk_on_the_driver(self: Coalescer, everything: bool = False) -> list[Any]:
+        if threading.current_thread() is threading.main_thread():
+            raise OSError(28, "No space left on device")
+        return real(self, everything)
+
+    folder = reports.data(tmp_path / "data")
+    out = tmp_path / "out"
+    BROKEN.update(unit_from_row=3 * ROWS_PER_UNIT + 1_900, bad_rows=0)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(Coalescer, "flush", full_disk_on_the_driver)
+            with pytest.raises(Exception, match="the model broke at row") as info:
+                reports.job(folder, out, on_error="fail").run()
+        notes = [n for e in (info.value, info.value.__cause__) for n in getattr(e, "__notes__", [])]
+        assert any("were not committed" in n and "No space left" in n for n in notes), notes
+        BROKEN["unit_from_row"] = None
+        final = reports.job(folder, out, on_error="fail").run()
+    finally:
+        BROKEN.update(unit_from_row=None, bad_rows=1)
+    assert final.complete
+    ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == list(range(UNITS * ROWS_PER_UNIT))
