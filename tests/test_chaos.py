@@ -138,6 +138,9 @@ KILL_POINTS = {
         pytest.param("ray", None, id="ray", marks=pytest.mark.ray),
         # files of 2,500 rows: three whole units of 1,000 share one (local engine)
         pytest.param("local", 2_500, id="local-shared-files"),
+        # files of 400 rows: a unit's rows go on to files of its own as they arrive, the
+        # file open (a temporary) while the unit is still computed
+        pytest.param("local", 400, id="local-streamed-files"),
     ],
 )
 def test_driver_sigkill_at_any_point_resumes_exactly_once(
@@ -182,8 +185,10 @@ def test_driver_sigkill_at_any_point_resumes_exactly_once(
     assert report["units_done"] == UNITS - len(before)
     check_exactly_once(out, expected)
     assert report["metrics"] == expected.attrs["metrics"]  # exactly, after every kill
-    if file_rows is not None:  # files did hold several units: [path, rows, bytes, units]
+    if file_rows == 2_500:  # files did hold several units: [path, rows, bytes, units]
         assert any(len(f) == 4 for e in ledger_units(out) for f in e["files"])
+    if file_rows == 400:  # each unit in three files of its own
+        assert all(len(e["files"]) == 3 for e in ledger_units(out))
     print(f"left behind by the killed drivers, and reaped: {Counter(leaked)}")
 
 

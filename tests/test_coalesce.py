@@ -111,8 +111,75 @@ def test_a_unit_larger_than_a_file_goes_on_in_pieces(tmp_path: Path) -> None:
     files = Coalescer(writer(out, file_rows=20), clock=Clock())
     written = [r for start in range(0, 50, 10) for r in files.add(piece(0, start, 10, 50))]
     written += files.flush(everything=True)
-    assert sorted((r.start, r.end) for r in written) == [(0, 20), (20, 40), (40, 50)]
+    spans: dict[str, tuple[int, int]] = {}
+    for r in written:  # a file's runs: from its first row to its last
+        first, last = spans.get(r.path, (r.start, r.end))
+        spans[r.path] = (min(first, r.start), max(last, r.end))
+    assert sorted(spans.values()) == [(0, 20), (20, 40), (40, 50)]
     assert sorted(len(ids) for ids in on_disk(out).values()) == [10, 20, 20]
+
+
+def test_a_unit_still_arriving_goes_on_to_an_open_file_not_into_memory(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    one = piece(0, 0, 100, 1000).nbytes  # the Arrow bytes of 100 rows
+    files = Coalescer(writer(out), clock=Clock(), unit_bytes=one)
+    assert files.add(piece(0, 0, 100, 1000)) == []  # under the hold: in memory
+    assert list(out.iterdir()) == []
+    sizes = []
+    for start in range(100, 900, 100):
+        assert files.add(piece(0, start, 100, 1000)) == []  # appended, nothing closed
+        assert not on_disk(out)  # readers see no file yet...
+        (tmp,) = out.glob(".part-*.tmp")  # ...while the rows are in its temporary
+        sizes.append(tmp.stat().st_size)
+    assert sizes[-1] > sizes[0]  # the file grew as the unit arrived
+    assert files._units[0].nbytes < one  # and memory held under the hold
+    written = files.add(piece(0, 900, 100, 1000))  # the last rows: the file is closed
+    assert len({r.path for r in written}) == 1 and max(r.end for r in written) == 1000
+    assert list(on_disk(out).values()) == [list(range(1000))]  # every row once, in order
+    assert not list(out.glob(".*"))  # no temporary left
+
+
+def test_whole_units_are_appended_to_the_shared_file_as_they_finish(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    clock = Clock()
+    files = Coalescer(writer(out, file_rows=25), hold=5.0, clock=clock)
+    assert files.add(piece(0, 0, 10, 10)) == []
+    (tmp,) = out.glob(".part-*.tmp")  # unit 0 is in the open shared file already
+    assert files.add(piece(1, 0, 10, 10)) == []
+    closed = files.add(piece(2, 0, 10, 10))  # would pass 25 rows: 0 and 1 are closed
+    assert sorted({r.unit for r in closed}) == [0, 1] and not tmp.exists()
+    assert sorted(map(len, on_disk(out).values())) == [20]
+    clock.now = 5.0
+    assert files.wait() == 0.0  # unit 2 waited its longest in the next shared file
+    assert [r.unit for r in files.flush()] == [2]
+    assert files.wait() is None
+
+
+def test_a_unit_whose_columns_change_type_goes_on_in_a_new_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    files = Coalescer(writer(out, file_rows=20), clock=Clock())
+    first = piece(0, 0, 20, 30)
+    later = piece(0, 20, 10, 30)
+    later = later.set_column(1, "m", later.column("m").cast(pa.float64()))
+    written = files.add(first) + files.add(later)
+    assert len({r.path for r in written}) == 2  # an int64 file and a float64 one
+    assert sorted(i for ids in on_disk(out).values() for i in ids) == list(range(30))
+
+
+def test_discard_gives_up_the_open_files_and_leaves_no_temporary(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    files = Coalescer(writer(out, file_rows=5), clock=Clock())
+    assert files.add(piece(0, 0, 3, 3)) == []  # in the shared file
+    assert files.add(piece(1, 0, 8, 20)) != []  # a file of unit 1's first 5 rows, closed
+    assert files.add(piece(1, 8, 4, 20)) == []  # and its next rows in an open one
+    assert len(list(out.glob(".part-*.tmp"))) == 2
+    files.discard()  # the run failed: units 0 and 1 are not committed, nor their files
+    assert not list(out.glob(".part-*.tmp"))
+    assert files.flush(everything=True) == []
 
 
 def test_a_resume_trusts_a_shared_file_only_with_all_its_units(tmp_path: Path) -> None:

@@ -361,3 +361,52 @@ def test_read_before_listing_infers_the_format(tmp_path: Path) -> None:
     (unit,) = FileSource(str(path)).plan()
     fresh = FileSource(str(path))  # e.g. rebuilt elsewhere from the same arguments
     assert fresh.read(unit, ["id"]).column("id").to_pylist() == [0, 1, 2]
+
+
+def _reader(source: FileSource, limit: int | None = None) -> tuple[Any, list[Any]]:
+    from chute.plan import build_plan
+
+    job = chute.Job(source, (chute.Model("m", lambda b: {"y": b["value"]}, inputs=["value"]),))
+    plan = build_plan(job, limit=limit)
+    return plan.reader, plan.pending
+
+
+def test_a_local_parquet_unit_streams_in_batches_as_they_are_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chute.stages import KEY, decode
+
+    monkeypatch.setattr(chute.sources.files, "READ_BATCH_ROWS", 1_000)
+    source = FileSource(str(_parquet(tmp_path / "a.parquet", 3_500, row_group_size=2_000)))
+    (unit,) = source.plan()
+    assert source.stream(unit, ["id"]) is not None
+    reader, units = _reader(source)
+    batches = list(reader(units[0]))
+    assert [b.num_rows for b in batches] == [1_000, 1_000, 1_000, 500]  # not one 3,500
+    keys = np.concatenate([b.column(KEY).to_numpy() for b in batches])
+    index, rows, last = decode(keys)
+    assert rows.tolist() == list(range(3_500)) and last.tolist() == [False] * 3_499 + [True]
+    ids = pa.concat_tables(batches).column("value").to_numpy()
+    assert ids.tolist() == (np.arange(3_500) * 0.5).tolist()
+    limited, pending = _reader(source, limit=1_234)  # --limit: the unit stops short
+    assert sum(b.num_rows for b in limited(pending[0])) == 1_234
+
+
+def test_sources_that_stream_nothing_are_read_whole(tmp_path: Path) -> None:
+    class Doubled(FileSource):  # a read of its own: the contract, never bypassed
+        def read(self, unit: Any, columns: Any) -> pa.Table:
+            return super().read(unit, columns)
+
+    path = _parquet(tmp_path / "a.parquet", 10)
+    (unit,) = Doubled(str(path)).plan()
+    assert Doubled(str(path)).stream(unit, None) is None
+    csv = FileSource(str(_csv(tmp_path / "b.csv", 10)))
+    assert csv.stream(csv.plan()[0], None) is None
+
+
+def test_a_file_that_shrinks_during_the_run_is_a_data_error_naming_it(tmp_path: Path) -> None:
+    path = _parquet(tmp_path / "a.parquet", 100)
+    reader, units = _reader(FileSource(str(path)))
+    _parquet(path, 60)  # rewritten between planning and reading
+    with pytest.raises(DataError, match=r"a\.parquet.* 60 rows .* 100 when the job was planned"):
+        list(reader(units[0]))

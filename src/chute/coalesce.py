@@ -1,21 +1,28 @@
-"""Right-sized output files: the rows a writer holds until a file's worth has arrived.
+"""Right-sized output files, written as the rows arrive: which data file a writer appends
+each run of rows to, and when a file is closed.
 
-A model stage hands the writer one batch at a time; written as they come, a job of 12
-input files wrote over a hundred small part files. A :class:`Coalescer` holds the
-batches per unit and hands the :class:`~chute.sinks.PartWriter` several at once:
+A model stage hands the writer one batch at a time; written as they came, a job of 12
+input files wrote over a hundred small part files, and holding the rows until a file's
+worth had arrived held the whole output of a small job in memory. A :class:`Coalescer`
+holds a unit's rows only while it is still arriving and small, and appends the rest to
+open :class:`~chute.sinks.DataFile` s:
 
-* a unit whose rows have all arrived (*ready*) waits for others, and the ready units are
-  written together once they fill the sink's target (:class:`~chute.job.FileTarget`),
-  once the first of them has waited :data:`HOLD_SECONDS`, or when the input ends;
-* a unit still arriving is written, in pieces of about the target, only when it alone
-  fills one (a large unit spans several files), and otherwise waits for its last rows;
-* held rows never pass twice the target (beyond that everything held is written).
+* a unit whose rows have all arrived (*ready*), and which fits a file, is appended to the
+  *shared* file of whole units; that file is closed once it fills the sink's target
+  (:class:`~chute.job.FileTarget`), once :data:`HOLD_SECONDS` have passed since its first
+  unit, or when the input ends;
+* a unit still arriving is held until it reaches :data:`UNIT_HOLD_BYTES` (or the target's
+  rows); from then on its rows go to files of its own, appended as they come, a new file
+  each time one fills, the last closed when its last row has arrived.
 
-So a finished unit's commit waits at most :data:`HOLD_SECONDS` (and the write) for the
-writer, also while the input stalls; the files' contents follow
-:func:`chute.sinks.file_groups` (whole units together, never part of a unit beside
-another), so exactly-once holds as :mod:`chute.ledger` describes. The writer threads of
-an engine share one coalescer; it is a plain class, used without any engine in tests.
+So the writer holds at most :data:`UNIT_HOLD_BYTES` of each unit in flight, however large
+the input and the files; a finished unit's commit waits at most :data:`HOLD_SECONDS` (and
+the close) for the shared file, also while the input stalls. A file holds whole units, or
+rows of a single unit, never part of a unit beside another, so exactly-once holds as
+:mod:`chute.ledger` describes. The writer threads of an engine share one coalescer: it
+decides under its lock and appends under each file's lock, taken in the order decided, so
+a unit's rows reach its file in the order they were handed over. It is a plain class,
+used without any engine in tests.
 """
 
 from __future__ import annotations
@@ -27,35 +34,54 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from chute.sinks import PartRecord, PartWriter, runs
-from chute.stages import KEY
+from chute.sinks import DataFile, PartRecord, PartWriter
+from chute.sinks.files import split_run
 
 HOLD_SECONDS = 5.0
-"""The longest a ready unit's rows wait for other units to fill a file."""
+"""The longest the shared file of whole units stays open for more units."""
+UNIT_HOLD_BYTES = 16 * 2**20
+"""The most of a unit still arriving that is held in memory (Arrow bytes); past it the
+unit's rows go to files of their own as they come."""
+
+Run = tuple[PartRecord, pa.Table]
+"""A run of a unit's rows and its record."""
 
 
 @dataclass
 class _Held:
-    """One unit's rows in the coalescer."""
+    """One unit's rows not yet in a file."""
 
-    pieces: list[pa.Table] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
     rows: int = 0
     nbytes: int = 0
-    taken: int = 0
-    """Rows of the unit already handed to the writer."""
+    covered: int = 0
+    """Rows of the unit that its records have described so far (held, or gone on)."""
     total: int | None = None
     """The unit's rows, once its last row has arrived."""
+    file: DataFile | None = None
+    """The unit's own open file, once its rows outgrew the hold."""
+    alone: bool = False
+    """Some of its rows went to files of its own: it never shares a file."""
 
     @property
     def ready(self) -> bool:
-        return self.total is not None and self.taken + self.rows >= self.total
+        return self.total is not None and self.covered >= self.total
+
+
+@dataclass
+class _Step:
+    """Runs to append to a file, and whether to close it after them."""
+
+    file: DataFile
+    runs: list[Run] = field(default_factory=list)
+    close: bool = False
 
 
 class Coalescer:
-    """Holds batches for ``writer`` and writes them in files of about its target.
+    """Writes the batches handed to it into files of about ``writer``'s target.
 
     >>> coalescer = Coalescer(writer)  # doctest: +SKIP
-    >>> records = coalescer.add(batch)  # often [] : the rows are held
+    >>> records = coalescer.add(batch)  # often [] : the rows are in files still open
     >>> records += coalescer.flush(everything=True)  # at the end of the input
     """
 
@@ -64,100 +90,187 @@ class Coalescer:
         writer: PartWriter,
         hold: float = HOLD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        unit_bytes: int = UNIT_HOLD_BYTES,
     ) -> None:
         self.writer = writer
         self.target = writer.target
         self.hold = hold
+        self.unit_bytes = min(unit_bytes, self.target.bytes)
         self._clock = clock
         self._units: dict[int, _Held] = {}
-        self._ready_since: float | None = None
+        self._shared: DataFile | None = None
+        self._shared_since = 0.0
         self._lock = threading.Lock()
 
     def add(self, table: pa.Table) -> list[PartRecord]:
-        """Hold ``table``'s rows; write, and describe, whatever is due now."""
+        """Take ``table``'s rows; the records of the files this closed."""
         if not self.writer.joins:  # a table or an in-memory result: a part per run, at once
             return self.writer.write(table)
+        prepared = self.writer.prepare(table)  # errors parts and metrics: outside the lock
+        done = [record for record, rows in prepared if rows is None]  # nothing to write
         with self._lock:
-            self._hold(table)
-            due = self._due()
-        return self._write(due)
+            for record, rows in prepared:
+                self._hold(record, rows)
+            steps = self._due()
+            self._take_files(steps)
+        return done + self._run(steps)
 
     def wait(self) -> float | None:
-        """Seconds until held rows are due by time (``None``: none are ready to wait)."""
+        """Seconds until the shared file is due to close (``None``: none is open)."""
         with self._lock:
-            if self._ready_since is None:
+            if self._shared is None:
                 return None
-            return max(0.0, self._ready_since + self.hold - self._clock())
+            return max(0.0, self._shared_since + self.hold - self._clock())
 
     def flush(self, everything: bool = False) -> list[PartRecord]:
-        """Write the ready units now (``everything``: all rows held, at the input's end)."""
+        """Close the shared file now (``everything``: at the input's end, every file, with
+        whatever is held, ready or not)."""
         with self._lock:
-            units = list(self._units) if everything else self._ready()
-            due = [self._take(unit) for unit in units]
-        return self._write(due)
+            steps: list[_Step] = []
+            for unit in list(self._units) if everything else []:
+                steps += self._alone(self._units.pop(unit), close=True)
+            if self._shared is not None:
+                steps.append(_Step(self._shared, close=True))
+                self._shared = None
+            self._take_files(steps)
+        return self._run(steps)
 
-    def _hold(self, table: pa.Table) -> None:
-        for lo, hi, unit, start, total in runs(table.column(KEY).to_numpy()):
-            held = self._units.setdefault(unit, _Held())
-            piece = table.slice(lo, hi - lo)
-            held.pieces.append(piece)
-            held.rows += piece.num_rows
-            held.nbytes += piece.nbytes
-            if total >= 0:
-                held.total = start + piece.num_rows
-            if held.ready and self._ready_since is None:
-                self._ready_since = self._clock()
+    def discard(self) -> None:
+        """Give up every open file (the run failed): their temporaries are removed."""
+        with self._lock:
+            files = [h.file for h in self._units.values() if h.file is not None]
+            files += [self._shared] if self._shared is not None else []
+            self._units, self._shared = {}, None
+        for file in files:
+            file.discard()
 
-    def _due(self) -> list[pa.Table | None]:
-        """What to write now: a file's worth of ready units, or of one unit's rows."""
-        held = self._units.values()
-        if sum(h.nbytes for h in held) >= 2 * self.target.bytes:  # the memory bound
-            return [self._take(unit) for unit in list(self._units)]
-        due = [self._piece(unit) for unit, h in self._units.items() if not h.ready]
-        ready = self._ready()
-        waited = self._ready_since is not None and self._clock() - self._ready_since >= self.hold
-        if waited or self._fills([self._units[u] for u in ready]):
-            due += [self._take(unit) for unit in ready]
-        return due
+    def _hold(self, record: PartRecord, rows: pa.Table | None) -> None:
+        held = self._units.setdefault(record.unit, _Held())
+        held.covered += record.end - record.start
+        if record.unit_rows >= 0:
+            held.total = record.unit_rows
+        if rows is not None:
+            held.runs.append((record, rows))
+            held.rows += rows.num_rows
+            held.nbytes += rows.nbytes
 
-    def _fills(self, held: list[_Held]) -> bool:
-        rows, nbytes = sum(h.rows for h in held), sum(h.nbytes for h in held)
-        return nbytes >= self.target.bytes or rows >= (self.target.rows or rows + 1)
+    def _due(self) -> list[_Step]:
+        """What to append and close now: ready units to the shared file (or, too large to
+        share, alone), units that outgrew the hold to their own files."""
+        steps: list[_Step] = []
+        for unit, held in list(self._units.items()):
+            if held.ready:
+                del self._units[unit]
+                if held.alone or not self._fits(held.rows, held.nbytes, None):
+                    steps += self._alone(held, close=True)
+                elif held.runs:
+                    steps += self._share(held)
+            elif held.rows >= (self.target.rows or held.rows + 1):
+                steps += self._alone(held, close=False)
+        arriving = sorted(self._units.values(), key=lambda h: h.nbytes)
+        held_bytes = sum(h.nbytes for h in arriving)
+        while arriving and held_bytes >= self.unit_bytes:  # the largest goes on to its files
+            held = arriving.pop()
+            held_bytes -= held.nbytes
+            steps += self._alone(held, close=False)
+        shared = self._shared
+        if shared is not None and self._clock() - self._shared_since >= self.hold:
+            steps.append(_Step(shared, close=True))
+            self._shared = None
+        return steps
 
-    def _piece(self, unit: int) -> pa.Table | None:
-        """The first file's worth of a unit still arriving, if it holds one."""
-        held = self._units[unit]
-        if not self._fills([held]):
-            return None
-        taken: list[pa.Table] = []
-        rows = nbytes = 0
-        while held.pieces and (not taken or self._fits(rows, nbytes, held.pieces[0])):
-            piece = held.pieces.pop(0)
-            taken.append(piece)
-            rows, nbytes = rows + piece.num_rows, nbytes + piece.nbytes
-        held.rows, held.nbytes = held.rows - rows, held.nbytes - nbytes
-        held.taken += rows
-        return _concat(taken)
-
-    def _fits(self, rows: int, nbytes: int, piece: pa.Table) -> bool:
-        """Whether ``piece`` still fits a file that holds ``rows`` rows of ``nbytes``."""
-        rows, nbytes = rows + piece.num_rows, nbytes + piece.nbytes
+    def _fits(self, rows: int, nbytes: int, file: DataFile | None) -> bool:
+        """Whether ``rows`` rows of ``nbytes`` still fit ``file`` (``None``: an empty one)."""
+        rows += file.rows if file is not None else 0
+        nbytes += file.nbytes if file is not None else 0
         return nbytes <= self.target.bytes and rows <= (self.target.rows or rows)
 
-    def _ready(self) -> list[int]:
-        return [unit for unit, held in self._units.items() if held.ready]
+    def _full(self, file: DataFile) -> bool:
+        return file.nbytes >= self.target.bytes or file.rows >= (self.target.rows or file.rows + 1)
 
-    def _take(self, unit: int) -> pa.Table | None:
-        """All that is held of ``unit`` (``None``: nothing, its rows went on in pieces)."""
-        held = self._units.pop(unit)
-        if not any(h.ready for h in self._units.values()):
-            self._ready_since = None
-        return _concat(held.pieces) if held.pieces else None
+    def _share(self, held: _Held) -> list[_Step]:
+        """A whole unit appended to the shared file (a new one if it does not fit)."""
+        steps = []
+        shared = self._shared
+        runs = sorted(held.runs, key=lambda run: run[0].start)
+        if shared is not None and not (
+            self._fits(held.rows, held.nbytes, shared) and all(shared.takes(t) for _, t in runs)
+        ):
+            steps.append(_Step(shared, close=True))
+            shared = None
+        if shared is None:
+            shared = self.writer.new_file(runs[0][0].unit, runs[0][0].start)
+            self._shared_since = self._clock()
+        step = _Step(shared, runs)
+        for record, rows in runs:
+            shared.plan(record, rows)
+        step.close = self._full(shared)
+        self._shared = None if step.close else shared
+        return [*steps, step]
 
-    def _write(self, due: list[pa.Table | None]) -> list[PartRecord]:
-        tables = [t for t in due if t is not None and t.num_rows]
-        return self.writer.write(_concat(tables)) if tables else []
+    def _alone(self, held: _Held, close: bool) -> list[_Step]:
+        """The unit's held runs appended to its own files, a new one each time one fills
+        (``close``: its last rows, so its last file is closed too)."""
+        steps: list[_Step] = []
+        pending = sorted(held.runs, key=lambda run: run[0].start)
+        held.runs, held.rows, held.nbytes, held.alone = [], 0, 0, True
+        while pending:
+            record, rows = pending.pop(0)
+            file = held.file
+            if file is not None and not (file.takes(rows) and self._room(file, rows)):
+                _close(steps, file)  # full, or other columns or types: the next file
+                file = held.file = None
+            if file is None:
+                file = held.file = self.writer.new_file(record.unit, record.start)
+            if not steps or steps[-1].file is not file:
+                steps.append(_Step(file))
+            room = self._room(file, rows)
+            if room < rows.num_rows and not record.error_rows:  # the rest to the next file
+                (record, rows), rest = split_run(record, rows, room)
+                pending.insert(0, rest)
+            file.plan(record, rows)
+            steps[-1].runs.append((record, rows))
+            if self._full(file):
+                _close(steps, file)
+                held.file = None
+        if close and held.file is not None:
+            _close(steps, held.file)
+            held.file = None
+        return steps
+
+    def _room(self, file: DataFile, rows: pa.Table) -> int:
+        """How many of ``rows`` still fit ``file`` (at least one in an empty file)."""
+        by_size = (self.target.bytes - file.nbytes) * int(rows.num_rows) // max(rows.nbytes, 1)
+        room = min(by_size, (self.target.rows or by_size + file.rows) - file.rows)
+        return max(int(room), 0 if file.rows else 1)
+
+    def _take_files(self, steps: list[_Step]) -> None:
+        """Take the steps' files' locks, in order (under the coalescer's lock)."""
+        for file in _distinct(steps):
+            file.lock.acquire()
+
+    def _run(self, steps: list[_Step]) -> list[PartRecord]:
+        """Append and close as decided; the records of the files closed."""
+        records: list[PartRecord] = []
+        try:
+            for step in steps:
+                if step.runs:
+                    step.file.append([r for r, _ in step.runs], [t for _, t in step.runs])
+                if step.close:
+                    records += step.file.close()
+        finally:
+            for file in _distinct(steps):
+                file.lock.release()
+        return records
 
 
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+def _close(steps: list[_Step], file: DataFile) -> None:
+    """Close ``file`` after what the steps already append to it."""
+    if steps and steps[-1].file is file:
+        steps[-1].close = True
+    else:
+        steps.append(_Step(file, close=True))
+
+
+def _distinct(steps: list[_Step]) -> list[DataFile]:
+    return list({id(step.file): step.file for step in steps}.values())

@@ -27,6 +27,7 @@ from chute.sources import (
     Unit,
     UnreadableRows,
     check_columns,
+    stream,
 )
 from chute.stages import empty_marker, mark_failed, skip_marker, tag
 
@@ -155,6 +156,12 @@ class Reader:
     def __call__(self, unit: Unit) -> Iterator[pa.Table]:
         if unit.error and not self.skip_bad:
             raise DataError(unit.error)
+        batches = None
+        if unit.rows and not unit.error and not self.skip_bad:
+            batches = stream(self.source, unit, self.columns)
+        if batches is not None:  # under skip, a unit is read whole first: skipped or not
+            yield from self._streamed(unit, batches)
+            return
         try:
             table = None if unit.error or unit.rows == 0 else self._read(unit)
         except DataError as exc:
@@ -169,6 +176,24 @@ class Reader:
         total = table.num_rows
         for start in range(0, total, READ_BATCH_ROWS):
             yield tag(table.slice(start, READ_BATCH_ROWS), unit.index, start, total)
+
+    def _streamed(self, unit: Unit, batches: Iterator[pa.Table]) -> Iterator[pa.Table]:
+        """Tag a unit's batches as they are decoded; its rows are known from the plan (a
+        ``--limit`` may stop the unit short)."""
+        assert unit.rows is not None
+        start = 0
+        for table in batches:
+            table = table.slice(0, unit.rows - start)
+            if table.num_rows:
+                yield tag(self._conform(table, unit), unit.index, start, unit.rows)
+                start += table.num_rows
+            if start == unit.rows:
+                return
+        raise DataError(
+            f"input file {unit.path!r} has {start:,} rows in its unit where it had "
+            f"{unit.rows:,} when the job was planned: it changed during the run. Leave the "
+            "input as it is while a job runs, then run the job again (it keeps what it wrote)."
+        )
 
     def _read(self, unit: Unit) -> pa.Table:
         """The unit's rows, conformed to the planned schema (none: not conformed)."""

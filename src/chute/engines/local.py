@@ -424,6 +424,7 @@ class _Run:
                     self._commit_finished(commit)
                 except Exception as late:  # the first error is the one to tell
                     exc.add_note(f"The units finished before it were not committed ({late}).")
+            self.files.discard()  # the files still open hold units not finished
             raise
         self._end_threads()
         self.stats.pop("write", None)

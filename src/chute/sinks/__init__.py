@@ -1,7 +1,7 @@
-"""Writers: each data file is written whole under a unique name (locally under a temporary
-name and renamed into place; on an object store in one upload, which is atomic); the writer
-returns one small record per run of a unit's rows in it, never the rows (unless the result
-is wanted in memory).
+"""Writers: each data file appears whole under a unique name (locally written under a
+temporary name and renamed into place; on an object store in one upload, which is
+atomic); the writer returns one small record per run of a unit's rows in it, never the
+rows (unless the result is wanted in memory).
 
 A file sink's data file holds either the whole of one or more units, or rows of a single
 unit (a large unit spans several files): never part of a unit beside another unit. So the
@@ -12,9 +12,11 @@ records of one file name it and say how many units it holds (``file_units``).
 
 - :mod:`chute.sinks.records`: :class:`PartRecord`, what the driver learns of a part;
 - :mod:`chute.sinks.files`: which rows share a file, and a file's bytes in each format;
+- :mod:`chute.sinks.datafile`: :class:`DataFile`, a data file open for appends;
 - :mod:`chute.sinks.writer`: :class:`Output` and :class:`PartWriter`.
 """
 
+from chute.sinks.datafile import DataFile
 from chute.sinks.files import EXTENSIONS, encode, file_groups, in_key_order
 from chute.sinks.records import (
     RECORD_SCHEMA,
@@ -32,6 +34,7 @@ __all__ = [
     "ERRORS_DIR",
     "EXTENSIONS",
     "RECORD_SCHEMA",
+    "DataFile",
     "Output",
     "PartRecord",
     "PartWriter",

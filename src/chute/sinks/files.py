@@ -72,26 +72,24 @@ def cut(
     out_rows: list[pa.Table | None] = []
     for record, table in zip(records, rows, strict=True):
         step = 0 if table is None else target.rows_for(table.nbytes, table.num_rows)
-        if table is None or record.error_rows or table.num_rows <= step:
-            out_records.append(record)
-            out_rows.append(table)
-            continue
-        for lo in range(0, table.num_rows, step):
-            piece = table.slice(lo, step)
-            last = lo + piece.num_rows == table.num_rows
-            out_records.append(
-                replace(
-                    record,
-                    start=record.start + lo,
-                    end=record.start + lo + piece.num_rows,
-                    unit_rows=record.unit_rows if last else -1,
-                    metrics=record.metrics if lo == 0 else b"",
-                    errors_path=record.errors_path if lo == 0 else "",
-                    errors_nbytes=record.errors_nbytes if lo == 0 else 0,
-                )
-            )
-            out_rows.append(piece)
+        while table is not None and not record.error_rows and table.num_rows > step:
+            (head, first), (record, table) = split_run(record, table, step)
+            out_records.append(head)
+            out_rows.append(first)
+        out_records.append(record)
+        out_rows.append(table)
     return out_records, out_rows
+
+
+def split_run(
+    record: PartRecord, table: pa.Table, rows: int
+) -> tuple[tuple[PartRecord, pa.Table], tuple[PartRecord, pa.Table]]:
+    """A run's first ``rows`` rows and the rest, each with its record (the first keeps the
+    run's metrics and errors part; the rest keeps the unit's row count, if the run had it).
+    A run with failed rows is never split: its rows no longer match its row range."""
+    head = replace(record, end=record.start + rows, unit_rows=-1)
+    tail = replace(record, start=record.start + rows, metrics=b"", errors_path="", errors_nbytes=0)
+    return (head, table.slice(0, rows)), (tail, table.slice(rows))
 
 
 def _whole(records: list[PartRecord]) -> bool:
@@ -145,12 +143,13 @@ def encode(table: pa.Table, fmt: str) -> bytes:
 
 def write_parquet(table: pa.Table, out: Any) -> None:
     """Write ``table`` as Parquet to the stream ``out``."""
-    # Scores and embeddings seldom repeat: trying a dictionary for them costs more than the
-    # rest of the encoding. Carried-over keys and labels keep theirs.
-    pq.write_table(table, out, use_dictionary=_dictionary_columns(table.schema))
+    pq.write_table(table, out, use_dictionary=dictionary_columns(table.schema))
 
 
-def _dictionary_columns(schema: pa.Schema) -> list[str]:
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns a Parquet dictionary is tried for. Scores and embeddings seldom repeat:
+    trying one for them costs more than the rest of the encoding. Carried-over keys and
+    labels keep theirs."""
     return [f.name for f in schema if not _floating(f.type)]
 
 

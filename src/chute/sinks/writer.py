@@ -17,9 +17,9 @@ import pyarrow.fs as pafs
 from chute.evaluation import Evaluation
 from chute.job import FileTarget, Sink
 from chute.retry import retrying
+from chute.sinks.datafile import DataFile
 from chute.sinks.files import (
     EXTENSIONS,
-    concat,
     cut,
     encode,
     file_groups,
@@ -113,6 +113,17 @@ class PartWriter:
 
     def write(self, table: pa.Table) -> list[PartRecord]:
         """Write ``table`` (rows of one or more units, in any order) and describe it."""
+        prepared = self.prepare(table)
+        if not self.joins:
+            return [record for record, _ in prepared]
+        records, rows = cut([r for r, _ in prepared], [t for _, t in prepared], self.target)
+        return self._write_files(records, rows)
+
+    def prepare(self, table: pa.Table) -> list[tuple[PartRecord, pa.Table | None]]:
+        """Each run of a unit's rows in ``table`` (in key order) with its record: the run's
+        failed rows written as an errors part, its metrics measured, and its rows when they
+        are left to a data file (a file sink; else ``None``: written as a part already, or
+        no rows to write)."""
         if table.num_rows == 0:
             return []
         if self.joins:
@@ -122,7 +133,7 @@ class PartWriter:
         if ERROR_MODEL in table.column_names:
             errors = _select(table, [*self.output.carryover, *ERROR_COLUMNS])
         full, table = table, _select(table, [*self.output.columns(table.schema), KEY])
-        records, rows = [], []
+        prepared = []
         for lo, hi, unit, start, total in runs(keys):
             record, healthy = self._write_run(
                 table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total
@@ -130,11 +141,14 @@ class PartWriter:
             if self.output.evaluation and record.end > record.start and not record.skipped:
                 written = _healthy(full.slice(lo, hi - lo))
                 record = replace(record, metrics=self.output.evaluation.measure(written))
-            records.append(record)
-            rows.append(healthy)
-        if not self.joins:
-            return records
-        return self._write_files(*cut(records, rows, self.target))
+            prepared.append((record, None if healthy is None else healthy.drop_columns([KEY])))
+        return prepared
+
+    def new_file(self, unit: int, start: int) -> DataFile:
+        """A data file of the sink, named after the first run it will hold."""
+        assert self.sink is not None
+        fs, root = self._filesystem()
+        return DataFile(fs, root, self._name(unit, start, self.sink.format), self.sink.format)
 
     def _write_files(
         self, records: list[PartRecord], rows: list[pa.Table | None]
@@ -142,21 +156,11 @@ class PartWriter:
         """Write the runs' rows as files (see :func:`file_groups`); each record names its file."""
         out = list(records)
         for group in file_groups(records, rows, self.target):
-            began = time.perf_counter()
-            first = records[group[0]]
-            data = concat([rows[i] for i in group if rows[i] is not None])
-            path, size = self._put(data.drop_columns([KEY]), first.unit, first.start, "")
-            seconds = time.perf_counter() - began
-            units = len({records[i].unit for i in group})
-            for i in group:
-                share = seconds * (records[i].end - records[i].start) / max(data.num_rows, 1)
-                out[i] = replace(
-                    records[i],
-                    path=path,
-                    nbytes=size,
-                    seconds=records[i].seconds + share,
-                    file_units=units,
-                )
+            file = self.new_file(records[group[0]].unit, records[group[0]].start)
+            with file.lock:
+                file.append([records[i] for i in group], [t for i in group if (t := rows[i])])
+                for i, record in zip(group, file.close(), strict=True):
+                    out[i] = record
         return out
 
     def _write_run(
@@ -254,7 +258,7 @@ class PartWriter:
         """Write ``table`` whole under a unique name; its path and size."""
         assert self.sink is not None
         fmt = "parquet" if isinstance(self.sink, TableSink) else self.sink.format
-        name = f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[fmt]}"
+        name = self._name(unit, start, fmt)
         relative = f"{folder}/{name}" if folder else name
         fs, root = self._filesystem()
         if folder and is_local(fs):  # object stores have no directories to make
@@ -265,6 +269,11 @@ class PartWriter:
             payload = encode(table, fmt)
         size = retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
         return relative, size
+
+    @staticmethod
+    def _name(unit: int, start: int, fmt: str) -> str:
+        """A part's unique name: its first unit and row, then a random tag."""
+        return f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[fmt]}"
 
 
 def _select(table: pa.Table, names: list[str]) -> pa.Table:

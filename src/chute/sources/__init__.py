@@ -27,6 +27,7 @@ from chute.sources.base import (
     UnreadableRows,
     check_columns,
     iter_slices,
+    stream,
 )
 from chute.sources.files import FileSource
 from chute.sources.images import ImageSource, looks_like_images
@@ -99,4 +100,5 @@ __all__ = [
     "file_source",
     "iter_slices",
     "looks_like_images",
+    "stream",
 ]

@@ -97,6 +97,14 @@ class Source(Protocol):
         ...
 
 
+def stream(source: Source, unit: Unit, columns: Sequence[str] | None) -> Iterator[pa.Table] | None:
+    """A unit's rows in batches as they are decoded, where its source can (an optional
+    ``stream`` method, as :class:`~chute.sources.FileSource` has for local Parquet);
+    ``None``: the unit is read whole."""
+    method = getattr(source, "stream", None)
+    return None if method is None else method(unit, columns)
+
+
 def iter_slices(table: pa.Table, rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:
     """Zero-copy slices of at most ``rows`` rows."""
     for start in range(0, table.num_rows, rows):

@@ -1,0 +1,164 @@
+"""A data file of a file sink while it is written: :class:`DataFile`.
+
+Runs of rows are appended as they come (for Parquet each append is a row group), so a
+writer holds no more than the run in hand however large the file grows; readers see the
+file only once :meth:`DataFile.close` has put it under its name. Locally the rows go
+straight into a temporary file beside it (``.part-….tmp``, an orphan that the ledger
+removes should the process die), renamed into place; on an object store, whose upload
+completes when its stream closes, into an in-memory buffer of the encoded bytes (at most
+a file's worth, compressed), uploaded in one PUT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from chute.formats import check_csv
+from chute.retry import retrying
+from chute.sinks.files import dictionary_columns, encode
+from chute.sinks.records import PartRecord
+from chute.storage import is_local, put, writing
+
+
+class DataFile:
+    """One output data file: the runs appended to it, and their records once it is closed.
+
+    The sizes used to decide what goes in the file (:attr:`rows`, :attr:`nbytes`, Arrow's
+    in-memory bytes as :class:`~chute.job.FileTarget` counts them) are those *planned* for
+    it, so a coalescer can decide under its own lock and append under :attr:`lock`.
+    """
+
+    def __init__(self, fs: pafs.FileSystem, root: str, name: str, fmt: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        """Held while appending or closing: a file takes one writer at a time, in order."""
+        self.rows = 0
+        self.nbytes = 0
+        self.schema: pa.Schema | None = None
+        self.units: set[int] = set()
+        self._fs, self._path, self._fmt = fs, f"{root}/{name}", fmt
+        self._records: list[PartRecord] = []
+        self._out: Any = None
+        self._tmp = ""
+        self._encoder: Any = None
+        self._seconds = 0.0
+        self._given_up = False
+
+    def takes(self, table: pa.Table) -> bool:
+        """Whether ``table``'s rows can follow those planned (the same columns and types)."""
+        return self.schema is None or table.schema.equals(self.schema)
+
+    def plan(self, record: PartRecord, table: pa.Table) -> None:
+        """Count a run of rows about to be appended."""
+        self.rows += table.num_rows
+        self.nbytes += table.nbytes
+        self.schema = self.schema or table.schema
+        self.units.add(record.unit)
+
+    def append(self, records: Sequence[PartRecord], tables: Sequence[pa.Table]) -> None:
+        """Write the runs' rows after those already in the file (the caller holds ``lock``)."""
+        began = time.perf_counter()
+        with self._aborting():
+            if self._out is None:
+                self._open()
+            for table in tables:
+                self._encode(table)
+        self._records += records
+        self._seconds += time.perf_counter() - began
+
+    def close(self) -> list[PartRecord]:
+        """Finish the file and put it under its name; the records of its runs, naming it
+        (the caller holds ``lock``)."""
+        began = time.perf_counter()
+        with self._aborting():
+            if self._encoder is not None:
+                self._encoder.close()
+            size = int(self._out.tell())
+            if self._tmp:
+                self._out.close()
+                self._fs.move(self._tmp, self._path)
+            else:
+                data = self._out.getvalue()
+                retrying(lambda: put(self._fs, self._path, data), f"writing {self.name}")
+        seconds = self._seconds + time.perf_counter() - began
+        units = len({r.unit for r in self._records})
+        rows = max(sum(r.end - r.start for r in self._records), 1)
+        return [
+            replace(
+                r,
+                path=self.name,
+                nbytes=size,
+                seconds=r.seconds + seconds * (r.end - r.start) / rows,
+                file_units=units,
+            )
+            for r in self._records
+        ]
+
+    def discard(self) -> None:
+        """Give the file up (a failed run): its temporary is removed, nothing is put. A
+        writer stuck in it keeps it (the temporary is then an orphan the ledger removes)."""
+        if self.lock.acquire(timeout=5):
+            try:
+                self._abort()
+            finally:
+                self.lock.release()
+
+    def _open(self) -> None:
+        if is_local(self._fs):
+            directory, _, base = self._path.rpartition("/")
+            self._tmp = f"{directory}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
+            self._out = self._fs.open_output_stream(self._tmp)
+        else:  # closing an object store's stream completes the upload: bytes first
+            self._out = pa.BufferOutputStream()
+
+    def _encode(self, table: pa.Table) -> None:
+        if self._encoder is None and self._fmt == "parquet":
+            use = dictionary_columns(table.schema)
+            self._encoder = pq.ParquetWriter(self._out, table.schema, use_dictionary=use)
+        elif self._encoder is None and self._fmt == "csv":
+            check_csv(table.schema)  # a list column the plan could not foresee
+            self._encoder = pacsv.CSVWriter(self._out, table.schema)
+        if self._encoder is not None:
+            self._encoder.write_table(table)
+        else:  # lines: JSON Lines, OpenAI Batch output
+            self._out.write(encode(table, self._fmt))
+
+    @contextlib.contextmanager
+    def _aborting(self) -> Any:
+        """Translate a write's ``OSError`` (a full disk) and give the file up on any error."""
+        if self._given_up:
+            raise RuntimeError(
+                f"{self.name} was given up after an earlier error: its units are not "
+                "committed, and the resume writes them again"
+            )
+        try:
+            with writing(self._path):
+                yield
+        except BaseException:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        self._given_up = True
+        out, encoder, self._out, self._encoder = self._out, self._encoder, None, None
+        if encoder is not None:
+            with contextlib.suppress(Exception):  # else it would finish itself when collected
+                encoder.close()
+        if out is not None:
+            with contextlib.suppress(Exception):
+                out.close()
+        if self._tmp:
+            with contextlib.suppress(OSError):  # what a full disk holds of it, freed
+                self._fs.delete_file(self._tmp)
+            self._tmp = ""
