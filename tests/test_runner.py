@@ -92,6 +92,7 @@ def test_duplicates_after_commit_are_ignored() -> None:
     committer.add([_rec(0, 0, 5, 5, path="part-again"), _rec(0, 0, 2, path="part-again-2")])
     assert committer.done == {0}
     assert (committer.rows_out, committer.parts) == (5, 1)
+    assert committer.again == {0}  # the report says one unit was computed again
 
 
 def test_duplicates_before_commit_are_ignored(tmp_path: Path) -> None:
@@ -103,6 +104,7 @@ def test_duplicates_before_commit_are_ignored(tmp_path: Path) -> None:
     assert committer.done == {0}
     assert committer.rows_out == 5
     assert ledger.entries["memory[0:5]"]["parts"] == ["first", "rest"]
+    assert committer.again == {0}
 
 
 def test_redo_forgets_the_parts_of_units_not_complete_and_names_them(tmp_path: Path) -> None:
@@ -118,6 +120,7 @@ def test_redo_forgets_the_parts_of_units_not_complete_and_names_them(tmp_path: P
     assert ledger.entries["memory[0:5]"]["parts"] == ["new-a", "new-b"]
     assert committer.parts == 3  # the abandoned part is an orphan: not counted
     assert committer.redo() == set()
+    assert committer.again == set()  # run again after a new plan: not a second copy
 
 
 def test_records_of_units_not_pending_are_ignored() -> None:
@@ -336,10 +339,23 @@ def test_the_report_tells_what_happened_to_the_machines(tmp_path: Path) -> None:
 
     data, out = _data(tmp_path / "data"), tmp_path / "out"
     report = _job(data, out).run()
-    assert report.events == []
+    assert report.events == []  # nothing computed twice either
     assert json.loads((out / META_DIR / "report.json").read_text())["events"] == []
     assert "cluster" not in dict(report.rows())
     report.events = ["lost node 127.0.0.3 (1 CPU) at 0:42", "Ray's own messages: /tmp/r.log"]
     assert [v for k, v in report.rows() if k == "cluster"] == report.events
     page = render(report.to_dict())
     assert "lost node 127.0.0.3 (1 CPU) at 0:42" in page and "/tmp/r.log" in page
+
+
+def test_units_computed_again_are_counted_in_the_report() -> None:
+    from chute.runner.run import _again
+
+    committer = Committer(_plan(), None, None)
+    assert _again(committer) == []
+    committer.add([_rec(0, 0, 5, 5), _rec(1, 0, 5, 5)])
+    committer.add([_rec(1, 0, 5, 5, path="made-again")])  # a block made again on Ray
+    assert _again(committer) == [
+        "1 unit(s) computed again after their rows had arrived (a retried task, a block "
+        "made again): the second copies were left out, and removed"
+    ]

@@ -385,6 +385,7 @@ def test_a_local_parquet_unit_streams_in_batches_as_they_are_decoded(
     assert [b.num_rows for b in batches] == [1_000, 1_000, 1_000, 500]  # not one 3,500
     keys = np.concatenate([b.column(KEY).to_numpy() for b in batches])
     index, rows, last = decode(keys)
+    assert set(index.tolist()) == {0}
     assert rows.tolist() == list(range(3_500)) and last.tolist() == [False] * 3_499 + [True]
     ids = pa.concat_tables(batches).column("value").to_numpy()
     assert ids.tolist() == (np.arange(3_500) * 0.5).tolist()

@@ -159,3 +159,17 @@ def test_a_watchdog_that_does_not_adapt_never_asks_for_a_new_plan() -> None:
     now = time.monotonic()
     assert not any(watchdog.check(s, now + t) for s, t in ((joined, 0), (LOST_WORKER, 30)))
     assert watchdog.replan is None
+
+
+def test_a_lost_node_says_how_long_after_its_last_output_ray_declared_it_dead() -> None:
+    watchdog = _adapting()
+    watchdog._stop.set()
+    watchdog.progress({"127.0.0.2", "127.0.0.3"})  # a batch from each node arrives
+    heard = watchdog.heard["127.0.0.3"]
+    watchdog.check(LOST_WORKER, heard + 12.3)  # Ray declares the worker dead 12 s later
+    assert watchdog.lost["127.0.0.3"].endswith(", 12 s after its last output")
+    quiet = _adapting()  # a node whose workers wrote nothing: no time to tell
+    quiet._stop.set()
+    quiet.check(LOST_WORKER, time.monotonic())
+    assert quiet.lost["127.0.0.3"].startswith("127.0.0.3 (1 CPU) at 0:")
+    assert "output" not in quiet.lost["127.0.0.3"]

@@ -32,6 +32,8 @@ COUNTED = "c."
 """The prefix of a counter in the totals (``c.generated_tokens``)."""
 STAGES = "stages"
 """The column of a record table that holds the JSON totals (in its first row)."""
+NODE = "node"
+"""The column of a record table that names the node (its address) whose worker wrote it."""
 
 
 def carry(

@@ -36,6 +36,9 @@ class Committer:
         self._parts: dict[int, list[PartRecord]] = defaultdict(list)
         self._totals: dict[int, int] = {}
         self.done: set[int] = set()
+        self.again: set[int] = set()
+        """Units whose rows arrived a second time (computed again, on Ray after a lost
+        node or task): the second copy is left out."""
         self.rows_in = 0
         self.rows_out = 0
         self.rows_failed = 0
@@ -100,10 +103,13 @@ class Committer:
             self._describe()
         completed: list[int] = []
         for record in records:
-            if record.unit in self.done or record.unit not in self.units:
-                continue  # a duplicate from a retried task: its part is an orphan
-            if any(p.start == record.start for p in self._parts[record.unit]):
-                continue  # these rows were already written by another attempt: an orphan
+            if record.unit not in self.units:
+                continue
+            if record.unit in self.done or any(
+                p.start == record.start for p in self._parts[record.unit]
+            ):  # these rows were already written: a retried task, a block made again
+                self.again.add(record.unit)
+                continue  # its part is an orphan, removed before the run finishes
             self._parts[record.unit].append(record)
             if record.unit_rows >= 0:
                 self._totals[record.unit] = record.unit_rows

@@ -118,6 +118,7 @@ def _execute(
                 stages = engine.execute(plan, committer) if plan.pending else {}
         finally:
             run.events = engine.events() if plan.pending else []
+            run.events += _again(committer)
         committer.flush()
     except ModelError as exc:
         _save_partial(ledger, run, committer, exc)
@@ -241,3 +242,13 @@ def _located(exc: ModelError, plan: Plan) -> ModelError:
     if unit is None:
         return exc
     return ModelError(f"{exc}\n  unit {unit.index} is {unit.id}", unit=exc.unit, row=exc.row)
+
+
+def _again(committer: Committer) -> list[str]:
+    """The report's line for units computed a second time, if any."""
+    if not committer.again:
+        return []
+    return [
+        f"{len(committer.again):,} unit(s) computed again after their rows had arrived (a "
+        "retried task, a block made again): the second copies were left out, and removed"
+    ]

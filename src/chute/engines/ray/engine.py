@@ -164,10 +164,11 @@ class RayEngine:
         dataset: Any,
         commit: Callable[[list[PartRecord], Any], None],
         totals: dict[str, dict[str, float]],
-        progress: Callable[[], None],
+        progress: Callable[[set[str]], None],
     ) -> None:
         """Hand every part record to ``commit`` and sum the stage statistics that came with
-        them into ``totals``; call ``progress`` as each batch arrives; translate a failed
+        them into ``totals``; call ``progress`` with the nodes that wrote them as each batch
+        arrives; translate a failed
         task to a chute error."""
         import ray
 
@@ -176,12 +177,13 @@ class RayEngine:
         batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
         try:
             for batch in batches:
-                progress()
+                progress(set(batch.column(carried.NODE).to_pylist()))
                 counters: dict[str, dict[str, float]] = {}
                 for text in batch.column(carried.STAGES).to_pylist():
                     carried.add(totals, carried.decode(text))
                     carried.add(counters, carried.counted(carried.decode(text)))
-                commit(records_from_table(batch.drop_columns([carried.STAGES])), counters)
+                records = batch.drop_columns([carried.STAGES, carried.NODE])
+                commit(records_from_table(records), counters)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
             error = _unwrap(exc)
             drop_frames(exc)

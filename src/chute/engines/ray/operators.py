@@ -218,6 +218,7 @@ class ModelActor:
             # Raised here, it would kill the actor, and Ray hands the driver only the text of
             # a constructor's error; raised from a batch it arrives as the error it is.
             self.failed = exc
+        self.node = ray.util.get_node_ip_address()
         self.writer = PartWriter(output) if output is not None else None
         self.rows = rows
 
@@ -245,7 +246,8 @@ class ModelActor:
         carried.add(totals, {name: mine})
         records = records_to_table(self.writer.write(out))
         text = [carried.encode(totals)] + [""] * (records.num_rows - 1)
-        return records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))
+        records = records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))
+        return records.append_column(carried.NODE, pa.array([self.node] * records.num_rows))
 
 
 FUSED_REPLICAS = 8

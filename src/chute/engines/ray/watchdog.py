@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chute.engines.resources import Cluster, Node
@@ -145,7 +145,11 @@ class Watchdog:
     _since: float | None = None
     _shown: bool = False
     lost: dict[str, str] = field(default_factory=dict)
-    """Each node lost since the start, by address: ``"127.0.0.3 (1 CPU) at 0:42"``."""
+    """Each node lost since the start, by address: ``"127.0.0.3 (1 CPU) at 0:42"``, and
+    how long before Ray declared it dead its last output had arrived (``", 12 s after
+    its last output"``: the longest the run waited on it), where it wrote any."""
+    heard: dict[str, float] = field(default_factory=dict)
+    """When output last arrived from each node (``time.monotonic()``), by address."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _target: int = 0
@@ -159,8 +163,11 @@ class Watchdog:
         with self._lock:  # from here on no Stalled is raised in this thread
             self._stop.set()
 
-    def progress(self) -> None:
+    def progress(self, nodes: Iterable[str] = ()) -> None:
+        """Output arrived (from workers on ``nodes``, by address)."""
         self._last = time.monotonic()
+        for node in nodes:
+            self.heard[node] = self._last
         if self._shown:
             self._shown = False
             self.waiting(self._lost_note())
@@ -175,8 +182,10 @@ class Watchdog:
         ]
         for node in gone:
             minutes, seconds = divmod(int(now - self.began), 60)
+            heard = self.heard.get(node.address)
+            quiet = "" if heard is None else f", {now - heard:.0f} s after its last output"
             self.lost[node.address] = (
-                f"{node.address} ({node.cpus:g} CPU) at {minutes}:{seconds:02d}"
+                f"{node.address} ({node.cpus:g} CPU) at {minutes}:{seconds:02d}{quiet}"
             )
             log.info("lost node %s", self.lost[node.address])
         if gone and not self._shown:
