@@ -7,7 +7,9 @@ and then, as a user would, runs the same command again until it finishes (adding
 back first when the run stopped with exit 7). It prints, per trial, the moment of the kill,
 every run's exit code and seconds, the units and rows each run committed (their sum is the
 input's when no committed unit was computed again), when a run planned its work again
-around the lost node, and whether every row is in the output exactly once.
+around the lost node, how long after the lost node's last output Ray declared it dead,
+the units computed again after their rows had arrived, and whether every row is in the
+output exactly once.
 
     python benchmarks/chaos_cluster.py --trials 6
     python benchmarks/chaos_cluster.py --trials 3 --shape 0,1,1 --seed 7
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,12 +42,12 @@ from tests.test_cluster_shapes import (
 )
 
 
-def trial(root: Path, shape: list[int], kill_after: int, cpus: float | None) -> dict[str, object]:
+def trial(root: Path, shape: list[int], kill_after: int, cpus: float | None) -> dict[str, Any]:
     work = root / "work"
     work.mkdir()
     job = _job(work, sleep=0.5, cpus=cpus)
     cluster: LoopbackCluster = _start(root / "ray", head_cpus=shape[0], workers=shape[1:])
-    outcome: dict[str, object] = {"shape": shape, "kill_after": kill_after, "runs": []}
+    outcome: dict[str, Any] = {"shape": shape, "kill_after": kill_after, "runs": []}
     try:
         began = time.monotonic()
         run = _chute(job, cluster, stall=15)
@@ -75,6 +78,10 @@ def trial(root: Path, shape: list[int], kill_after: int, cpus: float | None) -> 
             for e in report.get("events", [])
             if e.startswith("planned again at ")
         ]
+        outcome["lost"] = [  # how long after the node's last output Ray declared it dead
+            e.removeprefix("lost node ") for e in report.get("events", []) if e.startswith("lost")
+        ]
+        outcome["again"] = [e for e in report.get("events", []) if "computed again" in e]
         try:
             _exactly_once(work)
             outcome["exact"] = True
@@ -97,9 +104,9 @@ def main() -> None:
     print(f"load average before: {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     print(
         "| trial | shape | kill | runs (exit, s) | stopped | units run | rows committed "
-        "| units redone | planned again at | once |"
+        "| units redone | planned again at | lost node (report) | computed again | once |"
     )
-    print("|---:|---|---|---|---|---|---|---:|---|---|")
+    print("|---:|---|---|---|---|---|---|---:|---|---|---|---|")
     for i in range(args.trials):
         root = Path(tempfile.mkdtemp(prefix="cc", dir="/tmp"))
         try:
@@ -110,7 +117,8 @@ def main() -> None:
             f"| {i + 1} | {found['shape']} | {found.get('killed')} | {found['runs']} | "
             f"{found.get('stopped')} | {found.get('units')} | {found.get('committed')} | "
             f"{found.get('redone')} | {', '.join(found.get('replanned') or []) or '—'} | "
-            f"{found.get('exact')} |",
+            f"{'; '.join(found.get('lost') or []) or '—'} | "
+            f"{len(found.get('again') or [])} | {found.get('exact')} |",
             flush=True,
         )
     print(f"load average after: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")

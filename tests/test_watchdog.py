@@ -168,7 +168,12 @@ def test_a_lost_node_says_how_long_after_its_last_output_ray_declared_it_dead() 
     heard = watchdog.heard["127.0.0.3"]
     watchdog.check(LOST_WORKER, heard + 12.3)  # Ray declares the worker dead 12 s later
     assert watchdog.lost["127.0.0.3"].endswith(", 12 s after its last output")
-    quiet = _adapting()  # a node whose workers wrote nothing: no time to tell
+    reads = _adapting()  # the worker only read, for a model actor on the head
+    reads._stop.set()
+    reads.progress({"127.0.0.2"})
+    reads.check(LOST_WORKER, reads.heard["127.0.0.2"] + 7.2)
+    assert reads.lost["127.0.0.3"].endswith(", 7 s after the run's last output")
+    quiet = _adapting()  # nothing written yet: no time to tell
     quiet._stop.set()
     quiet.check(LOST_WORKER, time.monotonic())
     assert quiet.lost["127.0.0.3"].startswith("127.0.0.3 (1 CPU) at 0:")

@@ -146,8 +146,9 @@ class Watchdog:
     _shown: bool = False
     lost: dict[str, str] = field(default_factory=dict)
     """Each node lost since the start, by address: ``"127.0.0.3 (1 CPU) at 0:42"``, and
-    how long before Ray declared it dead its last output had arrived (``", 12 s after
-    its last output"``: the longest the run waited on it), where it wrote any."""
+    how long before Ray declared it dead its last output had arrived (``", 12 s after its
+    last output"``), or, for a node whose workers wrote nothing (its reads fed a model on
+    another node), the run's last output: the longest the run waited on Ray to say so."""
     heard: dict[str, float] = field(default_factory=dict)
     """When output last arrived from each node (``time.monotonic()``), by address."""
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -182,8 +183,11 @@ class Watchdog:
         ]
         for node in gone:
             minutes, seconds = divmod(int(now - self.began), 60)
-            heard = self.heard.get(node.address)
-            quiet = "" if heard is None else f", {now - heard:.0f} s after its last output"
+            quiet = ""
+            if node.address in self.heard:  # its workers wrote: how long it had been silent
+                quiet = f", {now - self.heard[node.address]:.0f} s after its last output"
+            elif self.heard:  # its reads fed others: how long the run had been waiting
+                quiet = f", {now - max(self.heard.values()):.0f} s after the run's last output"
             self.lost[node.address] = (
                 f"{node.address} ({node.cpus:g} CPU) at {minutes}:{seconds:02d}{quiet}"
             )
