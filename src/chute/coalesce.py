@@ -7,22 +7,23 @@ worth had arrived held the whole output of a small job in memory. A :class:`Coal
 holds a unit's rows only while it is still arriving and small, and appends the rest to
 open :class:`~chute.sinks.DataFile` s:
 
-* a unit whose rows have all arrived (*ready*), and which fits a file, is appended to the
-  *shared* file of whole units; that file is closed once it fills the sink's target
-  (:class:`~chute.job.FileTarget`), once :data:`HOLD_SECONDS` have passed since its first
-  unit, or when the input ends;
-* a unit still arriving is held until it reaches :data:`UNIT_HOLD_BYTES` (or the target's
-  rows); from then on its rows go to files of its own, appended as they come, a new file
-  each time one fills, the last closed when its last row has arrived.
+* a unit whose rows have all arrived (*ready*), and which fits a file, is appended to a
+  *shared* file of whole units (one per writer thread, so that they encode at once); a
+  shared file is closed once it fills the sink's target (:class:`~chute.job.FileTarget`),
+  once :data:`HOLD_SECONDS` have passed since its first unit, or when the input ends;
+* a unit still arriving is held while all such units hold under :data:`UNIT_HOLD_BYTES`
+  (and it has fewer rows than the target's); past that, the largest one's rows go to
+  files of its own, appended as they come, a new file each time one fills, the last
+  closed when its last row has arrived.
 
-So the writer holds at most :data:`UNIT_HOLD_BYTES` of each unit in flight, however large
-the input and the files; a finished unit's commit waits at most :data:`HOLD_SECONDS` (and
-the close) for the shared file, also while the input stalls. A file holds whole units, or
-rows of a single unit, never part of a unit beside another, so exactly-once holds as
-:mod:`chute.ledger` describes. The writer threads of an engine share one coalescer: it
-decides under its lock and appends under each file's lock, taken in the order decided, so
-a unit's rows reach its file in the order they were handed over. It is a plain class,
-used without any engine in tests.
+So the writer holds at most :data:`UNIT_HOLD_BYTES` of the units in flight (and the run
+each thread is appending), however large the input and the files; a finished unit's
+commit waits at most :data:`HOLD_SECONDS` (and the close) for its shared file, also while
+the input stalls. A file holds whole units, or rows of a single unit, never part of a
+unit beside another, so exactly-once holds as :mod:`chute.ledger` describes. The writer
+threads of an engine share one coalescer: it decides under its lock and appends under
+each file's lock, taken in the order decided, so a unit's rows reach its file in the
+order they were handed over. It is a plain class, used without any engine in tests.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from chute.sinks import DataFile, PartRecord, PartWriter
 from chute.sinks.files import split_run
 
 HOLD_SECONDS = 5.0
-"""The longest the shared file of whole units stays open for more units."""
+"""The longest a shared file of whole units stays open for more units."""
 UNIT_HOLD_BYTES = 16 * 2**20
-"""The most of a unit still arriving that is held in memory (Arrow bytes); past it the
-unit's rows go to files of their own as they come."""
+"""The most of the units still arriving that is held in memory (Arrow bytes); past it the
+largest unit's rows go to files of their own as they come."""
 
 Run = tuple[PartRecord, pa.Table]
 """A run of a unit's rows and its record."""
@@ -98,8 +99,9 @@ class Coalescer:
         self.unit_bytes = min(unit_bytes, self.target.bytes)
         self._clock = clock
         self._units: dict[int, _Held] = {}
-        self._shared: DataFile | None = None
-        self._shared_since = 0.0
+        self._shared: dict[int, tuple[DataFile, float]] = {}
+        """The open shared file of each writer thread (by its ident), and when it opened:
+        threads that share one file would encode in turn."""
         self._lock = threading.Lock()
 
     def add(self, table: pa.Table) -> list[PartRecord]:
@@ -116,22 +118,22 @@ class Coalescer:
         return done + self._run(steps)
 
     def wait(self) -> float | None:
-        """Seconds until the shared file is due to close (``None``: none is open)."""
+        """Seconds until a shared file is due to close (``None``: none is open)."""
         with self._lock:
-            if self._shared is None:
+            if not self._shared:
                 return None
-            return max(0.0, self._shared_since + self.hold - self._clock())
+            since = min(since for _, since in self._shared.values())
+            return max(0.0, since + self.hold - self._clock())
 
     def flush(self, everything: bool = False) -> list[PartRecord]:
-        """Close the shared file now (``everything``: at the input's end, every file, with
+        """Close the shared files now (``everything``: at the input's end, every file, with
         whatever is held, ready or not)."""
         with self._lock:
             steps: list[_Step] = []
             for unit in list(self._units) if everything else []:
                 steps += self._alone(self._units.pop(unit), close=True)
-            if self._shared is not None:
-                steps.append(_Step(self._shared, close=True))
-                self._shared = None
+            steps += [_Step(file, close=True) for file, _ in self._shared.values()]
+            self._shared = {}
             self._take_files(steps)
         return self._run(steps)
 
@@ -139,8 +141,8 @@ class Coalescer:
         """Give up every open file (the run failed): their temporaries are removed."""
         with self._lock:
             files = [h.file for h in self._units.values() if h.file is not None]
-            files += [self._shared] if self._shared is not None else []
-            self._units, self._shared = {}, None
+            files += [file for file, _ in self._shared.values()]
+            self._units, self._shared = {}, {}
         for file in files:
             file.discard()
 
@@ -173,10 +175,10 @@ class Coalescer:
             held = arriving.pop()
             held_bytes -= held.nbytes
             steps += self._alone(held, close=False)
-        shared = self._shared
-        if shared is not None and self._clock() - self._shared_since >= self.hold:
-            steps.append(_Step(shared, close=True))
-            self._shared = None
+        for writer, (shared, since) in list(self._shared.items()):
+            if self._clock() - since >= self.hold:
+                steps.append(_Step(shared, close=True))
+                del self._shared[writer]
         return steps
 
     def _fits(self, rows: int, nbytes: int, file: DataFile | None) -> bool:
@@ -189,9 +191,11 @@ class Coalescer:
         return file.nbytes >= self.target.bytes or file.rows >= (self.target.rows or file.rows + 1)
 
     def _share(self, held: _Held) -> list[_Step]:
-        """A whole unit appended to the shared file (a new one if it does not fit)."""
+        """A whole unit appended to this writer thread's shared file (a new one if it does
+        not fit)."""
         steps = []
-        shared = self._shared
+        writer = threading.get_ident()
+        shared, since = self._shared.pop(writer, (None, self._clock()))
         runs = sorted(held.runs, key=lambda run: run[0].start)
         if shared is not None and not (
             self._fits(held.rows, held.nbytes, shared) and all(shared.takes(t) for _, t in runs)
@@ -199,13 +203,13 @@ class Coalescer:
             steps.append(_Step(shared, close=True))
             shared = None
         if shared is None:
-            shared = self.writer.new_file(runs[0][0].unit, runs[0][0].start)
-            self._shared_since = self._clock()
+            shared, since = self.writer.new_file(runs[0][0].unit, runs[0][0].start), self._clock()
         step = _Step(shared, runs)
         for record, rows in runs:
             shared.plan(record, rows)
         step.close = self._full(shared)
-        self._shared = None if step.close else shared
+        if not step.close:
+            self._shared[writer] = (shared, since)
         return [*steps, step]
 
     def _alone(self, held: _Held, close: bool) -> list[_Step]:

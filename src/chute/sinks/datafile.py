@@ -124,7 +124,7 @@ class DataFile:
 
     def _encode(self, table: pa.Table) -> None:
         if self._encoder is None and self._fmt == "parquet":
-            use = dictionary_columns(table.schema)
+            use = dictionary_columns(table)
             self._encoder = pq.ParquetWriter(self._out, table.schema, use_dictionary=use)
         elif self._encoder is None and self._fmt == "csv":
             check_csv(table.schema)  # a list column the plan could not foresee

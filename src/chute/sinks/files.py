@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -143,14 +144,30 @@ def encode(table: pa.Table, fmt: str) -> bytes:
 
 def write_parquet(table: pa.Table, out: Any) -> None:
     """Write ``table`` as Parquet to the stream ``out``."""
-    pq.write_table(table, out, use_dictionary=dictionary_columns(table.schema))
+    pq.write_table(table, out, use_dictionary=dictionary_columns(table))
 
 
-def dictionary_columns(schema: pa.Schema) -> list[str]:
-    """The columns a Parquet dictionary is tried for. Scores and embeddings seldom repeat:
-    trying one for them costs more than the rest of the encoding. Carried-over keys and
-    labels keep theirs."""
-    return [f.name for f in schema if not _floating(f.type)]
+DICTIONARY_SAMPLE = 8_192
+"""Rows of a table looked at to choose its dictionary columns."""
+
+
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """The columns a Parquet dictionary is tried for: those whose values repeat (at most a
+    quarter distinct in the first :data:`DICTIONARY_SAMPLE` rows: labels, categories,
+    small counts). Scores, embeddings, ids and timestamps seldom repeat: trying one for them
+    costs more than the rest of the encoding and saves nothing."""
+    sample = table.slice(0, DICTIONARY_SAMPLE)
+    chosen = []
+    for field, column in zip(sample.schema, sample.columns, strict=True):
+        if _floating(field.type) or pa.types.is_nested(field.type):
+            continue
+        try:
+            distinct = pc.count_distinct(column).as_py()
+        except pa.ArrowException:  # a type without a hash kernel (an extension): plain
+            continue
+        if distinct * 4 <= max(sample.num_rows, 1):
+            chosen.append(field.name)
+    return chosen
 
 
 def _floating(kind: pa.DataType) -> bool:

@@ -89,10 +89,15 @@ class RayEngine:
         against the cluster as it is then and go on, at most :data:`REPLANS` times."""
         self._events = []
         totals: dict[str, dict[str, float]] = {}
-        began, attempt = time.monotonic(), plan
+        began, attempt, why = time.monotonic(), plan, None
         try:
             for replans in range(REPLANS + 1):
-                why = self._attempt(attempt, commit, totals, began, adapt=replans < REPLANS)
+                # Planned again for a node that joined: its replicas start at once, not as
+                # the pool's autoscaling gets round to them (the work left may not wait).
+                joined = why is not None and why.startswith("node ")
+                why = self._attempt(
+                    attempt, commit, totals, began, adapt=replans < REPLANS, whole=joined
+                )
                 if why is None:
                     break
                 left = commit.redo()
@@ -116,10 +121,14 @@ class RayEngine:
         totals: dict[str, dict[str, float]],
         began: float,
         adapt: bool,
+        whole: bool = False,
     ) -> str | None:
-        """Run ``plan.pending`` on a plan made against the cluster as it is now; ``None``
-        once all are done, or why the watchdog stopped the run to plan it again."""
+        """Run ``plan.pending`` on a plan made against the cluster as it is now (``whole``:
+        each pool started at its largest size); ``None`` once all are done, or why the
+        watchdog stopped the run to plan it again."""
         resources = self.resources(plan)
+        if whole:
+            resources = [replace(r, min=max(r.min, r.max)) for r in resources]
         found = cluster()
         ends = [0]  # units whose last rows arrived: a joined node is worth a new plan only
         # while more than a few are left (a new plan runs the units in flight again)
