@@ -733,6 +733,25 @@ def test_the_object_layout_also_works_on_a_local_directory(tmp_path: Path) -> No
     )  # numbering goes on after a resume
 
 
+@pytest.mark.parametrize(
+    ("message", "advice"),
+    [
+        # a port that holds 401 or 403 is not an HTTP status (CI met port 54017)
+        ("When getting information for bucket 'b': AWS Error NETWORK_CONNECTION during "
+         "HeadBucket operation: curlCode: 7, Couldn't connect to server (127.0.0.1:54017, "
+         "http://127.0.0.1:54017/b)", "Check the endpoint"),
+        ("AWS Error UNKNOWN (HTTP status 403) during HeadBucket operation: 127.0.0.1:40100",
+         "Access was denied"),
+        ("AWS Error UNKNOWN (HTTP status 401) during HeadBucket operation", "credentials were"),
+        ("AWS Error NO_SUCH_BUCKET during ListObjectsV2 operation: http://h:4011/", "bucket name"),
+    ],
+)  # fmt: skip
+def test_a_storage_error_gives_the_advice_for_its_cause(message: str, advice: str) -> None:
+    from chute.storage import storage_error
+
+    assert advice in str(storage_error(OSError(message), "s3://b/in/", "input"))
+
+
 @pytest.mark.timeout(60)
 def test_an_unreachable_endpoint_fails_at_planning_naming_it(tmp_path: Path) -> None:
     with socket.socket() as sock:  # a port nothing listens on

@@ -409,16 +409,18 @@ def storage_error(
 ) -> ConfigError:
     """A permanent storage error as a message that names the bucket and the fix."""
     text = str(exc)
+    # Classified without the addresses in it: a port such as 54017 is not an HTTP 401.
+    said = re.sub(r"[a-z][a-z0-9+.-]*://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?", "", text)
     bucket = urllib.parse.urlsplit(path).hostname if scheme_of(path) in S3_SCHEMES else None
     where = f"the {what} bucket {bucket!r}" if bucket else f"the {what} {redact(path)!r}"
-    if re.search(r"NO_SUCH_BUCKET|NoSuchBucket", text):
+    if re.search(r"NO_SUCH_BUCKET|NoSuchBucket", said):
         fix = "Check the bucket name, or create the bucket first."
-    elif re.search(r"INVALID_ACCESS_KEY_ID|InvalidAccessKeyId|SIGNATURE|401|Unauthorized", text):
+    elif re.search(r"INVALID_ACCESS_KEY_ID|InvalidAccessKey|SIGNATURE|\b401\b|Unauthorized", said):
         fix = (
             "The credentials were refused: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
             "AWS_PROFILE or ~/.aws/credentials (use s3://anonymous@bucket/… for public data)."
         )
-    elif re.search(r"ACCESS_DENIED|AccessDenied|403|Forbidden", text):
+    elif re.search(r"ACCESS_DENIED|AccessDenied|\b403\b|Forbidden", said):
         fix = (
             "Access was denied: give these credentials read (input) or write (output) "
             "access to the bucket, or use s3://anonymous@bucket/… for public data."
