@@ -182,6 +182,23 @@ def test_discard_gives_up_the_open_files_and_leaves_no_temporary(tmp_path: Path)
     assert files.flush(everything=True) == []
 
 
+def test_a_file_whose_append_fails_is_removed_and_refuses_more(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    first = piece(0, 0, 5, 5)
+    records, rows = zip(*writer(out).prepare(first), strict=True)
+    file = writer(out).new_file(0, 0)
+    with file.lock:
+        file.append(records, rows)
+        assert len(list(out.glob(".part-*.tmp"))) == 1
+        other = pa.table({"id": pa.array(["x"]), "m": pa.array(["y"])})  # not its schema
+        with pytest.raises(ValueError, match="schema"):
+            file.append(records, [other])
+        assert not list(out.iterdir())  # its temporary is gone, nothing under its name
+        with pytest.raises(RuntimeError, match="given up after an earlier error"):
+            file.close()
+
+
 def test_a_resume_trusts_a_shared_file_only_with_all_its_units(tmp_path: Path) -> None:
     out = tmp_path / "out"
     ledger = Ledger.open(str(out), "f", {}, overwrite=False)

@@ -46,7 +46,6 @@ class DataFile:
         self.rows = 0
         self.nbytes = 0
         self.schema: pa.Schema | None = None
-        self.units: set[int] = set()
         self._fs, self._path, self._fmt = fs, f"{root}/{name}", fmt
         self._records: list[PartRecord] = []
         self._out: Any = None
@@ -64,7 +63,6 @@ class DataFile:
         self.rows += table.num_rows
         self.nbytes += table.nbytes
         self.schema = self.schema or table.schema
-        self.units.add(record.unit)
 
     def append(self, records: Sequence[PartRecord], tables: Sequence[pa.Table]) -> None:
         """Write the runs' rows after those already in the file (the caller holds ``lock``)."""

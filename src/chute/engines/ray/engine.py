@@ -177,8 +177,7 @@ class RayEngine:
     ) -> None:
         """Hand every part record to ``commit`` and sum the stage statistics that came with
         them into ``totals``; call ``progress`` with the nodes that wrote them as each batch
-        arrives; translate a failed
-        task to a chute error."""
+        arrives; translate a failed task to a chute error."""
         import ray
 
         # No prefetching: Ray Data would hand over each record block only once the next one
