@@ -1,13 +1,18 @@
-"""A model that loads nothing runs inside Ray's read tasks; every other model on actors.
+"""A model with no pool or resources asked for runs inside Ray's read tasks; others on actors.
 
 The hand-written Ray task reads, predicts and writes in one task. chute does the same for
-a plain function with no pool or resources asked for (``plan_stages``): no actor holds a
-CPU between batches, so nothing can starve the reads, and nothing is copied between
-processes. A class, an adapter or a sized pool keeps its actors: it loads once per replica.
+a model with no pool or resources asked for (``plan_stages``): no actor holds a CPU
+between batches, so nothing can starve the reads, and nothing is copied between
+processes. A class is built once per worker process and kept for the run. A sized pool,
+given CPUs or memory, or an adapter that serves from processes of its own (vLLM, an
+OpenAI-compatible server) keeps its actors.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,9 @@ import pytest
 
 import chute
 from chute import Model, Pool, Resources
+from chute.engines.ray import operators
 from chute.engines.resources import FUSED_NOTE, Cluster, fuses, plan_stages
+from chute.models import AdapterSpec
 
 HERE = Path(__file__).resolve()
 
@@ -28,7 +35,17 @@ def double(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 class Triple:
-    """A class: loaded once per replica, so it keeps an actor."""
+    """A class: built once per replica."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {"y": np.asarray(batch["x"]) * 3}
+
+
+class Counted:
+    """A class that leaves a file named after its process each time it is built."""
+
+    def __init__(self, where: str) -> None:
+        Path(where, f"{os.getpid()}-{uuid.uuid4().hex}").touch()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {"y": np.asarray(batch["x"]) * 3}
@@ -44,22 +61,29 @@ def _model(name: str, fn: Any, **options: Any) -> Model:
         pytest.param(_model("f", double), True, id="function"),
         pytest.param(_model("f", f"{HERE}:double"), True, id="function-by-path"),
         pytest.param(_model("f", "tests.test_fusion:double"), True, id="function-by-module"),
-        pytest.param(_model("c", Triple), False, id="class"),
-        pytest.param(_model("c", f"{HERE}:Triple"), False, id="class-by-path"),
+        pytest.param(_model("c", Triple), True, id="class"),
+        pytest.param(_model("c", f"{HERE}:Triple"), True, id="class-by-path"),
+        pytest.param(_model("c", Triple()), True, id="callable-object"),
+        pytest.param(_model("a", AdapterSpec("sklearn", {"path": "m.skops"})), True, id="sklearn"),
+        pytest.param(_model("a", AdapterSpec("vllm", {"model": "m"})), False, id="vllm"),
+        pytest.param(_model("a", AdapterSpec("openai", {"model": "m"})), False, id="openai"),
         pytest.param(_model("f", double, pool=Pool.fixed(2)), False, id="pool-asked-for"),
+        pytest.param(_model("c", Triple, pool=Pool(1, 4)), False, id="class-pool-asked-for"),
         pytest.param(_model("f", double, resources=Resources(cpus=1)), False, id="cpus-given"),
+        pytest.param(_model("c", Triple, resources=Resources(memory=2**30)), False, id="memory"),
         pytest.param(_model("f", "no_such_module_here:fn"), False, id="does-not-import-here"),
     ],
 )
-def test_plain_functions_fuse_and_everything_else_keeps_actors(model: Model, fused: bool) -> None:
+def test_models_without_a_pool_fuse_and_the_others_keep_actors(model: Model, fused: bool) -> None:
     assert fuses(model) is fused
 
 
 def test_fused_stages_leave_the_cpus_to_the_actor_pools() -> None:
-    plan = plan_stages([_model("f", double), _model("c", Triple)], Cluster(cpus=4))
+    pooled = _model("c", Triple, pool=Pool(1, 8))
+    plan = plan_stages([_model("f", double), pooled], Cluster(cpus=4))
     assert [(s.fused, s.note == FUSED_NOTE) for s in plan] == [(True, True), (False, False)]
     assert plan[0].cpus == 1.0  # a read task's CPUs
-    assert plan[1].cpus * plan[1].max == 3.0  # the class alone shares what reads leave
+    assert plan[1].cpus * plan[1].max == 3.0  # the pool alone shares what reads leave
 
 
 def _actors() -> set[str]:
@@ -76,8 +100,9 @@ def _actors() -> set[str]:
     ("models", "actors"),
     [
         pytest.param(["double"], 0, id="fused"),
-        pytest.param(["double", "Triple"], 1, id="fused-then-actor"),
-        pytest.param(["Triple", "double"], 1, id="actor-then-task"),
+        pytest.param(["double", "Triple"], 0, id="fused-function-then-class"),
+        pytest.param(["double", "Pooled"], 1, id="fused-then-actor"),
+        pytest.param(["Pooled", "double"], 1, id="actor-then-task"),
     ],
 )
 def test_a_fused_job_makes_no_actor_and_writes_every_row_once(
@@ -90,10 +115,17 @@ def test_a_fused_job_makes_no_actor_and_writes_every_row_once(
     (tmp_path / "in").mkdir()
     for path in tmp_path.glob("in-*.parquet"):
         path.rename(tmp_path / "in" / path.name)
-    fns = {"double": double, "Triple": Triple}
+    fns: dict[str, tuple[Any, dict[str, Any]]] = {
+        "double": (double, {}),
+        "Triple": (Triple, {}),
+        "Pooled": (Triple, {"pool": Pool.fixed(1)}),
+    }
     job = chute.Job(
         chute.FileSource(str(tmp_path / "in")),
-        tuple(_model(f"m{i}_{name.lower()}", fns[name]) for i, name in enumerate(models)),
+        tuple(
+            _model(f"m{i}_{name.lower()}", fns[name][0], **fns[name][1])
+            for i, name in enumerate(models)
+        ),
         output=chute.Sink(str(tmp_path / "out")),
         carryover=("id", "x"),
         engine="ray",
@@ -107,3 +139,61 @@ def test_a_fused_job_makes_no_actor_and_writes_every_row_once(
     for i, name in enumerate(models):
         factor = 2 if name == "double" else 3
         assert (out[f"m{i}_{name.lower()}_y"] == out["x"] * factor).all()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+def test_a_fused_class_is_built_once_per_worker_process_each_run(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """Twelve files, twelve read tasks on 2 CPUs: the class is built once in each worker
+    process that ran them, not once a task; a second run builds its own."""
+    (tmp_path / "in").mkdir()
+    for i in range(12):
+        part = pa.table({"id": np.arange(i * 100, (i + 1) * 100), "x": np.arange(100) * 1.0})
+        pq.write_table(part, tmp_path / "in" / f"in-{i:02d}.parquet")
+    for run in ("one", "two"):
+        built = tmp_path / f"built-{run}"
+        built.mkdir()
+        model = Model(
+            "m", Counted, inputs=["x"], batch_format="numpy", kwargs={"where": str(built)}
+        )
+        job = chute.Job(
+            chute.FileSource(str(tmp_path / "in")),
+            (model,),
+            output=chute.Sink(str(tmp_path / f"out-{run}")),
+            carryover=("id", "x"),
+            engine="ray",
+        )
+        before = _actors()
+        result = job.run()
+        assert _actors() == before  # no actor
+        per_process = Counter(p.name.split("-")[0] for p in built.iterdir())
+        assert per_process and set(per_process.values()) == {1}, per_process
+        out = pq.read_table(tmp_path / f"out-{run}").to_pandas().sort_values("id")
+        assert result.rows_out == len(out) == 1_200
+        assert out["id"].tolist() == list(range(1_200))
+        assert (out["m_y"] == out["x"] * 3).all()
+
+
+def test_a_new_run_drops_the_replicas_of_earlier_runs(ray_session: Any) -> None:
+    """A worker process keeps the fused replicas of the latest run only: a class may hold
+    a big model, and an earlier run's is never used again."""
+    actor = {
+        "model": _model("m", f"{HERE}:Triple"),
+        "inputs": ["x"],
+        "target": None,
+        "ctor": None,
+        "output": None,
+        "rows": 100,
+    }
+    block = pa.table({"x": np.arange(10.0)})
+    operators._replicas.clear()
+    operators.ModelTask("run1/a", **actor)(block)
+    operators.ModelTask("run1/b", **actor)(block)
+    first = operators._replicas["run1/a"]
+    operators.ModelTask("run1/a", **actor)(block)
+    assert operators._replicas["run1/a"] is first  # built once for the run
+    operators.ModelTask("run2/a", **actor)(block)
+    assert sorted(operators._replicas) == ["run2/a"]
+    operators._replicas.clear()

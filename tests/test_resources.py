@@ -368,21 +368,24 @@ def test_a_ray_actor_runs_on_the_planned_threads_not_its_cpu_token(
     ray_session: Any, tmp_path: Any
 ) -> None:
     """On 2 CPUs the one model actor holds a 1-CPU token (Ray sets OMP_NUM_THREADS=1 from
-    it) and gets 2 threads from the plan: torch in the user's class sees 2."""
+    it) and gets 2 threads from the plan: torch in the user's class sees 2. Without the
+    pool, the class is fused into the read tasks, one per CPU: one thread each."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     import chute
 
     pq.write_table(pa.table({"x": [1.0, 2.0, 3.0]}), tmp_path / "in.parquet")
-    model = Model("m", TorchThreads, inputs=["x"], batch_format="numpy")
-    job = chute.Job(
-        chute.FileSource(str(tmp_path / "in.parquet")),
-        (model,),
-        output=chute.Sink(str(tmp_path / "out")),
-        engine="ray",
-    )
-    planned = plan_resources([model], Cluster(cpus=2))
-    assert [s.threads for s in planned] == [2]
-    job.run()
-    assert set(pq.read_table(tmp_path / "out").column("m_threads").to_pylist()) == {2}
+    for pool, threads in ((Pool.fixed(1), 2), (Pool(), 1)):
+        model = Model("m", TorchThreads, inputs=["x"], batch_format="numpy", pool=pool)
+        job = chute.Job(
+            chute.FileSource(str(tmp_path / "in.parquet")),
+            (model,),
+            output=chute.Sink(str(tmp_path / f"out-{threads}")),
+            engine="ray",
+        )
+        if pool != Pool():
+            assert [s.threads for s in plan_resources([model], Cluster(cpus=2))] == [2]
+        job.run()
+        out = pq.read_table(tmp_path / f"out-{threads}")
+        assert set(out.column("m_threads").to_pylist()) == {threads}

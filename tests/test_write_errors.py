@@ -208,8 +208,9 @@ def test_other_os_errors_stay_as_they_are() -> None:
 
 
 class ArmedDouble:
-    """Doubles ``x``; while the file ``arm`` exists, first puts its own process (a Ray
-    actor, which also writes the parts) under a file size limit."""
+    """Doubles ``x``; while the file ``arm`` exists, first puts its own process (the Ray
+    worker that runs the read tasks it is fused into, and writes the parts) under a file
+    size limit, and lifts the limit once ``arm`` is gone (the process outlives the run)."""
 
     def __init__(self, arm: str) -> None:
         self.arm = arm
@@ -220,6 +221,9 @@ class ArmedDouble:
             libc.signal.restype = ctypes.c_void_p
             libc.signal(25, ctypes.c_void_p(1))  # SIGXFSZ ignored, from any thread
             resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.RLIM_INFINITY))
+        else:
+            limit = resource.RLIM_INFINITY
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         return np.asarray(batch["x"]) * 2
 
 

@@ -20,10 +20,16 @@ into what is left:
   too, and reads rarely keep it busy, so the pools' threads together cover every CPU.
   Ray sets ``OMP_NUM_THREADS`` to an actor's whole CPUs (one for a fraction): a 1-CPU
   model actor on a 2-CPU machine ran single-threaded beside an idle CPU;
-* a model that loads nothing — a plain function, with no pool or resources asked for —
-  is fused into the read tasks (:func:`plan_stages`): read, predict and write in one
-  task, as the hand-written Ray task does, with no actor holding CPUs between batches
-  (and so nothing that could starve the reads).
+* a model with no pool or resources asked for is fused into the read tasks
+  (:func:`plan_stages`): read, predict and write in one task, as the hand-written Ray
+  task does, with no actor holding CPUs between batches (and so nothing that could
+  starve the reads) and no block copied between processes. A class is built once per
+  worker process and kept there for the run, so a node loads it as many times as it
+  runs read tasks at once (its CPUs): an actor pool at its largest loads it one time
+  fewer. On 2 CPUs that is two replicas of one thread each, where the pool had one
+  replica of two: the MLP ran 4.7x faster and MiniLM 1.5x (benchmarks/RESULTS.md), the
+  actor's process start and imports gone. A model too big for one per CPU is given a
+  pool (``pool: 2``) or its memory (``resources: {memory: ...}``), and keeps actors.
 
 The plan is made against the cluster as it is when a run starts; a cluster that loses
 or gains nodes mid-run is watched by :mod:`chute.engines.ray.watchdog`, and the run plans
@@ -36,13 +42,13 @@ import math
 import os
 import shutil
 import subprocess
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chute.errors import ChuteError, ResourceError
 from chute.job import Model, Pool, Resources
+from chute.models import AdapterSpec
 from chute.usercode import import_string
 
 DEFAULT_ACTOR_CPUS = 1.0
@@ -138,23 +144,29 @@ class StageResources:
     """Runs inside the read tasks (no actors): see :func:`plan_stages`."""
 
 
-FUSED_NOTE = "a plain function: runs inside the read tasks, no actors"
+FUSED_NOTE = (
+    "runs inside the read tasks, a replica per worker process, no actors "
+    "(a pool or resources for it would give it actors)"
+)
 
 
 def fuses(model: Model) -> bool:
-    """Whether ``model`` runs inside the read tasks: a plain function (nothing to load once,
-    so nothing an actor would keep), on CPUs, with no pool or resources asked for (a user
-    who sized a pool gets that pool). A function named by a string that does not import
-    here (code only the cluster has) keeps its actors."""
+    """Whether ``model`` runs inside the read tasks: on CPUs, with no pool or resources
+    asked for (a user who sized a pool, or gave its CPUs or memory, gets that pool), and
+    not an adapter that serves from processes or connections a pool must bound (vLLM, an
+    OpenAI-compatible server: :attr:`chute.models.base.Adapter.fuses`). A model named by a
+    string that does not import here (code only the cluster has) keeps its actors."""
     if model.pool != Pool() or model.resources != Resources():
         return False
     fn = model.fn
+    if isinstance(fn, AdapterSpec):
+        return fn.load_class(check=False).fuses
     if isinstance(fn, str):
         try:
             fn = import_string(fn)
         except ChuteError:
             return False
-    return isinstance(fn, types.FunctionType)
+    return callable(fn)
 
 
 def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResources]:

@@ -105,6 +105,11 @@ class Adapter:
     toward a latency and memory target (:mod:`chute.stages.batching`); a number of rows,
     that size fixed, for an engine that schedules its own batches and wants many rows at
     once (vLLM, an OpenAI-compatible server)."""
+    fuses: ClassVar[bool] = True
+    """Whether, on Ray, a replica may run inside the read tasks (one per worker process)
+    when the job asks for no pool or resources. ``False`` for an adapter that serves from
+    processes or connections of its own, whose number a pool must bound (vLLM, an
+    OpenAI-compatible server's client)."""
 
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         self.context = context

@@ -150,6 +150,7 @@ class RayEngine:
             wait=lambda: watchdog.error is None,
             kill=lambda: watchdog.replan is not None,
             free=lambda: not watchdog.lost,
+            actors=not all(r.fused for r in resources),
         )
         try:
             with release, quiet_data(self.verbose), watchdog:
@@ -204,6 +205,7 @@ class RayEngine:
         ``reads`` CPUs each."""
         import ray
 
+        run = uuid.uuid4().hex  # this attempt: the replicas fused into its tasks are its own
         reader, units = plan.reader, plan.pending
         if isinstance(plan.source, TableSource):
             reader, units = in_object_store(reader, units)
@@ -238,7 +240,14 @@ class RayEngine:
                     num_cpus=reads,
                     zero_copy_batch=True,
                 )
-            dataset = self._model_stage(dataset, stage, res, plan.output if last else None, reads)
+            output = plan.output if last else None
+            dataset = self._model_stage(dataset, stage, res, output, reads, run)
+        # Ray Data's reservations per operator begin every run with no resources known
+        # (Ray asks its autoscaling coordinator, an actor, and looks again a second later)
+        # and then keep half the cluster for each operator: on 2 CPUs the fused reads ran
+        # one task at a time for a taxi run's whole second. chute plans the CPUs of reads
+        # and pools itself (chute.engines.resources), so they are left out.
+        dataset.context.op_resource_reservation_enabled = False
         return dataset
 
     def _model_stage(
@@ -248,7 +257,10 @@ class RayEngine:
         res: StageResources,
         output: Output | None,
         reads: float,
+        run: str,
     ) -> Any:
+        """One model stage: fused into the read tasks (``run`` names this attempt, so a
+        worker process keeps only its replicas), or an actor pool."""
         import ray
 
         model = stage.model
@@ -280,7 +292,7 @@ class RayEngine:
         # batch size with GPUs; map_batches_internal, where Ray has it, skips that check.
         if res.fused:  # tasks like the reads', which Ray fuses with them: one task per block
             return dataset.map_batches(
-                ModelTask(f"{model.name}-{uuid.uuid4().hex}", **actor),
+                ModelTask(f"{run}/{model.name}", **actor),
                 batch_size=None,
                 batch_format="pyarrow",
                 zero_copy_batch=True,

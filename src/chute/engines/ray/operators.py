@@ -250,15 +250,16 @@ class ModelActor:
         return records.append_column(carried.NODE, pa.array([self.node] * records.num_rows))
 
 
-FUSED_REPLICAS = 8
-"""Fused models a worker process keeps loaded (those of the latest runs)."""
 _replicas: dict[str, ModelActor] = {}
+"""The fused models this worker process has built, by stage, for the latest run only."""
 
 
 class ModelTask:
     """A model fused into the read tasks (see :func:`chute.engines.resources.fuses`): the
     same replica as :class:`ModelActor`, made once per worker process and kept there for
-    the run's later tasks (``key`` names the run's stage), as an actor would keep it."""
+    the run's later tasks, as an actor would keep it. ``key`` is ``<run>/<stage>``: the
+    first task of a new run drops the replicas of earlier runs (a class may hold a big
+    model; a process keeps none it will not use again)."""
 
     __name__ = "predict"  # Ray Data names the fused operator after it
 
@@ -268,8 +269,9 @@ class ModelTask:
     def __call__(self, block: pa.Table) -> pa.Table:
         replica = _replicas.get(self.key)
         if replica is None:
-            while len(_replicas) >= FUSED_REPLICAS:
-                _replicas.pop(next(iter(_replicas)))
+            run = self.key.split("/", 1)[0] + "/"
+            for old in [k for k in _replicas if not k.startswith(run)]:
+                del _replicas[old]
             replica = _replicas[self.key] = ModelActor(**self.actor)
         return replica(block)
 

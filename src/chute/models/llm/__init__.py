@@ -68,6 +68,7 @@ class VLLMAdapter(Adapter):
     """A ``vllm.LLM`` per replica; a completion (or an embedding) per request."""
 
     kind: ClassVar[str] = "vllm"
+    fuses: ClassVar[bool] = False  # an engine of its own per replica, with its own processes
     extra: ClassVar[str | None] = "vllm"
     wants_rows: ClassVar[bool] = True
     auto_batch_rows: ClassVar[int | None] = DEFAULT_BATCH_ROWS  # it batches by itself

@@ -78,6 +78,7 @@ class OpenAIAdapter(Adapter):
     """Requests to an OpenAI-compatible endpoint, ``concurrency`` at a time per replica."""
 
     kind: ClassVar[str] = "openai"
+    fuses: ClassVar[bool] = False  # its requests in flight are bounded by the pool
     extra: ClassVar[str | None] = "openai"
     wants_rows: ClassVar[bool] = True
     auto_batch_rows: ClassVar[int | None] = DEFAULT_BATCH_ROWS  # it batches by itself
