@@ -24,7 +24,7 @@ import pytest
 import chute
 from chute import Model, Pool, Resources
 from chute.engines.ray import operators
-from chute.engines.resources import FUSED_NOTE, Cluster, fuses, plan_stages
+from chute.engines.resources import FUSED_NOTE, Cluster, Node, fuses, plan_stages
 from chute.models import AdapterSpec
 
 HERE = Path(__file__).resolve()
@@ -197,3 +197,55 @@ def test_a_new_run_drops_the_replicas_of_earlier_runs(ray_session: Any) -> None:
     operators.ModelTask("run2/a", **actor)(block)
     assert sorted(operators._replicas) == ["run2/a"]
     operators._replicas.clear()
+
+
+class Loads:
+    """A class that would load the file it is given."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {"y": np.asarray(batch["x"])}
+
+
+GIB = 2**30
+
+
+def _sparse(path: Path, size: int) -> str:
+    with open(path, "wb") as handle:
+        handle.truncate(size)  # its size on paper: no disk used
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make", "memory", "fused"),
+    [
+        pytest.param(lambda f: _model("c", Loads, args=(f,)), 64 * GIB, True, id="fits"),
+        pytest.param(lambda f: _model("c", Loads, args=(f,)), 16 * GIB, False, id="too-big"),
+        pytest.param(lambda f: _model("c", Loads, args=(f,)), None, True, id="memory-unknown"),
+        pytest.param(
+            lambda f: _model("c", Loads, kwargs={"path": f}), 16 * GIB, False, id="keyword"
+        ),
+        pytest.param(
+            lambda f: _model("a", AdapterSpec("onnx", {"path": f})), 16 * GIB, False, id="adapter"
+        ),
+    ],
+)
+def test_a_model_whose_files_would_not_fit_once_per_cpu_keeps_its_actors(
+    tmp_path: Path, make: Any, memory: float | None, fused: bool
+) -> None:
+    """2 GiB of files, a replica per CPU on a node of 4 CPUs: 8 GiB, over a quarter of
+    16 GiB (actors) and under a quarter of 64 GiB (fused)."""
+    model = make(_sparse(tmp_path / "weights.bin", 2 * GIB))
+    cluster = Cluster(cpus=4, memory=memory, nodes=(Node("10.0.0.1", 4, 0, memory),))
+    assert fuses(model) is True  # the files are what decides
+    assert fuses(model, cluster) is fused
+    stage = plan_stages([model], cluster)[0]
+    assert stage.fused is fused
+    if not fused:
+        assert stage.note == (
+            "on actors, not in the read tasks: its files (2.0 GiB) loaded once per CPU "
+            "would take 8.0 GiB of a node's 16.0 GiB"
+        )
+        assert stage.max == 3  # the pool it gets instead: the CPUs reads leave

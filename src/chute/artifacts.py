@@ -69,6 +69,19 @@ def identity(path: str, storage: StorageOptions | None = None) -> str:
     return ";".join(f"{name}:{size}:{mtime}" for name, size, mtime in _stat_tree(path))
 
 
+def size(path: str, storage: StorageOptions | None = None) -> int:
+    """Bytes of an artifact, its files summed (a remote one listed, never downloaded); 0
+    where it cannot be found or listed."""
+    try:
+        if is_remote(path):
+            return sum(f.size or 0 for f in _remote_files(path, "model artifact", storage)[2])
+        local = path[len("file://") :] if path.startswith("file://") else path
+        local = os.path.abspath(os.path.expanduser(local))
+        return sum(size for _, size, _ in _stat_tree(local)) if os.path.exists(local) else 0
+    except (ConfigError, OSError):
+        return 0
+
+
 def cache_dir() -> str:
     """Where remote artifacts are kept: ``$CHUTE_CACHE_DIR`` or ``~/.cache/chute/artifacts``."""
     return os.environ.get(CACHE_ENV) or os.path.expanduser("~/.cache/chute/artifacts")

@@ -43,9 +43,10 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from chute import artifacts
 from chute.errors import ChuteError, ResourceError
 from chute.job import Model, Pool, Resources
 from chute.models import AdapterSpec
@@ -61,15 +62,19 @@ class Node:
     address: str
     cpus: float
     gpus: float = 0.0
+    memory: float | None = None
+    """Bytes Ray lets tasks and actors use on it (its ``memory`` resource), where known."""
 
     @classmethod
     def from_ray(cls, node: dict[str, Any]) -> Node:
         """From an entry of ``ray.nodes()``."""
         resources = node.get("Resources", {})
+        memory = resources.get("memory")
         return cls(
             str(node.get("NodeManagerAddress", "?")),
             float(resources.get("CPU", 0.0)),
             float(resources.get("GPU", 0.0)),
+            float(memory) if memory else None,
         )
 
     def __str__(self) -> str:
@@ -150,39 +155,88 @@ FUSED_NOTE = (
 )
 
 
-def fuses(model: Model) -> bool:
+FUSED_MEMORY_SHARE = 0.25
+"""The most of a node's memory that a fused model's replicas, one per CPU, may take as far
+as its files tell: a model whose files would take more keeps its actors."""
+
+
+def fuses(model: Model, cluster: Cluster | None = None) -> bool:
     """Whether ``model`` runs inside the read tasks: on CPUs, with no pool or resources
-    asked for (a user who sized a pool, or gave its CPUs or memory, gets that pool), and
-    not an adapter that serves from processes or connections a pool must bound (vLLM, an
-    OpenAI-compatible server: :attr:`chute.models.base.Adapter.fuses`). A model named by a
-    string that does not import here (code only the cluster has) keeps its actors."""
+    asked for (a user who sized a pool, or gave its CPUs or memory, gets that pool), not
+    an adapter that serves from processes or connections a pool must bound (vLLM, an
+    OpenAI-compatible server: :attr:`chute.models.base.Adapter.fuses`), and, on
+    ``cluster``, not so big that a replica per CPU would not fit (:func:`too_big_to_fuse`).
+    A model named by a string that does not import here (code only the cluster has)
+    keeps its actors."""
     if model.pool != Pool() or model.resources != Resources():
         return False
     fn = model.fn
     if isinstance(fn, AdapterSpec):
-        return fn.load_class(check=False).fuses
-    if isinstance(fn, str):
+        if not fn.load_class(check=False).fuses:
+            return False
+    elif isinstance(fn, str):
         try:
             fn = import_string(fn)
         except ChuteError:
             return False
-    return callable(fn)
+    if not (isinstance(fn, AdapterSpec) or callable(fn)):
+        return False
+    return cluster is None or too_big_to_fuse(model, cluster) is None
+
+
+def too_big_to_fuse(model: Model, cluster: Cluster) -> str | None:
+    """Why ``model`` keeps its actors on ``cluster`` though it could be fused: the files a
+    replica loads (an adapter's artifacts; the local paths among a class's constructor
+    arguments), once per CPU of a node, would take more than :data:`FUSED_MEMORY_SHARE`
+    of the node's memory. ``None`` where they fit, or the sizes are not known."""
+    size = load_bytes(model)
+    nodes = [n for n in cluster.nodes if n.cpus > 0] or [
+        Node("", cluster.cpus, cluster.gpus, cluster.memory)
+    ]
+    for node in nodes:
+        copies = math.ceil(node.cpus / read_cpus(cluster) - 1e-9)
+        if size and node.memory and size * copies > FUSED_MEMORY_SHARE * node.memory:
+            return (
+                f"on actors, not in the read tasks: its files ({_gib(size)}) loaded once per "
+                f"CPU would take {_gib(size * copies)} of a node's {_gib(node.memory)}"
+            )
+    return None
+
+
+def load_bytes(model: Model) -> int:
+    """Bytes of the files a replica of ``model`` loads, as far as planning can tell without
+    loading it: an adapter's artifacts, or the local files and directories named by a
+    class's constructor arguments (arrays given as arguments are shared, not counted)."""
+    fn = model.fn
+    if isinstance(fn, AdapterSpec):
+        found = fn.load_class(check=False).artifacts(fn.options)
+        return sum(artifacts.size(str(p)) for p in found)
+    values = [*model.args, *model.kwargs.values()]
+    paths = [v for v in values if isinstance(v, str | os.PathLike) and os.path.exists(v)]
+    return sum(artifacts.size(os.fspath(p)) for p in paths)
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB"
 
 
 def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResources]:
     """Every model stage on ``cluster``: fused into the read tasks where :func:`fuses`
     says so (asking for a read's CPUs), the others' actor pools by :func:`plan_resources`,
     which then share the CPUs among fewer pools."""
-    actors = [m for m in models if not fuses(m)]
+    actors = [m for m in models if not fuses(m, cluster)]
     planned = iter(plan_resources(actors, cluster) if actors else [])
     check_cluster(cluster)
     reads = read_cpus(cluster)
-    return [
-        next(planned)
-        if m in actors
-        else StageResources(m.name, reads, 0.0, None, 0, 0, FUSED_NOTE, 1, fused=True)
-        for m in models
-    ]
+    stages = []
+    for m in models:
+        if m not in actors:
+            stages.append(StageResources(m.name, reads, 0, None, 0, 0, FUSED_NOTE, 1, fused=True))
+            continue
+        stage = next(planned)
+        why = fuses(m) and too_big_to_fuse(m, cluster)
+        stages.append(replace(stage, note=why) if why and not stage.note else stage)
+    return stages
 
 
 def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources]:
