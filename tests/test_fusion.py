@@ -249,3 +249,35 @@ def test_a_model_whose_files_would_not_fit_once_per_cpu_keeps_its_actors(
             "would take 8.0 GiB of a node's 16.0 GiB"
         )
         assert stage.max == 3  # the pool it gets instead: the CPUs reads leave
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pool", [Pool(), Pool.fixed(1)], ids=["fused", "actors"])
+def test_chute_datasets_turn_ray_datas_reservations_off(
+    ray_session: Any, tmp_path: Path, pool: Pool
+) -> None:
+    """Ray Data's per-operator reservations ran chute's fused read tasks one at a time on
+    2 CPUs (benchmarks/RESULTS.md, 2026-11-26); chute plans reads and pools itself, so its
+    datasets turn them off, through a field Ray Data must still have: if a Ray release
+    drops it, setting it would do nothing, and this fails."""
+    import dataclasses
+
+    from ray.data import DataContext
+
+    from chute.engines.ray.engine import RayEngine
+    from chute.plan import build_plan
+
+    assert "op_resource_reservation_enabled" in {f.name for f in dataclasses.fields(DataContext)}
+    pq.write_table(pa.table({"id": np.arange(10), "x": np.arange(10.0)}), tmp_path / "in.parquet")
+    job = chute.Job(
+        chute.FileSource(str(tmp_path / "in.parquet")),
+        (_model("m", Triple, pool=pool),),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="ray",
+    )
+    plan = build_plan(job)
+    engine = RayEngine()
+    dataset = engine._dataset(plan, engine.resources(plan), 1.0)
+    assert dataset.context.op_resource_reservation_enabled is False
+    assert DataContext.get_current().op_resource_reservation_enabled is True  # others' as it was
