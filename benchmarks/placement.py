@@ -4,9 +4,11 @@ driver, the GCS and Ray Data's executor) or on a worker.
 
 2,000 Parquet files of 500 rows, a model class of 1 CPU that records the node it ran on;
 each shape runs ``chute run`` once per round, interleaved, and prints the wall time and
-the rows each node computed.
+the rows each node computed. With ``--fused`` the model asks for no CPUs, so chute runs
+it inside the read tasks on every node instead of on an actor.
 
     python benchmarks/placement.py --rounds 2
+    python benchmarks/placement.py --rounds 2 --fused
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ output: out
 """
 
 
-def _prepare(root: Path) -> None:
+def _prepare(root: Path, fused: bool) -> None:
     data = root / "data"
     data.mkdir()
     for i in range(FILES):
@@ -64,7 +66,7 @@ def _prepare(root: Path) -> None:
         x = np.random.default_rng(i).normal(size=ROWS)
         pq.write_table(pa.table({"trip_id": ids, "x": x}), data / f"{i:04d}.parquet")
     (root / "model.py").write_text(MODEL)
-    (root / "job.yaml").write_text(JOB)
+    (root / "job.yaml").write_text(JOB.replace("    resources: {cpus: 1}\n", "") if fused else JOB)
 
 
 def _run(root: Path, shape: list[int]) -> str:
@@ -95,10 +97,11 @@ def _run(root: Path, shape: list[int]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--fused", action="store_true", help="the model in the read tasks")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="placement-"))
     try:
-        _prepare(root)
+        _prepare(root, args.fused)
         print("| CPUs | seconds | rows computed on each node |\n|---|--:|---|")
         for _ in range(args.rounds):
             for shape in SHAPES:
