@@ -75,9 +75,7 @@ def size(path: str, storage: StorageOptions | None = None) -> int:
     try:
         if is_remote(path):
             return sum(f.size or 0 for f in _remote_files(path, "model artifact", storage)[2])
-        local = path[len("file://") :] if path.startswith("file://") else path
-        local = os.path.abspath(os.path.expanduser(local))
-        return sum(size for _, size, _ in _stat_tree(local)) if os.path.exists(local) else 0
+        return sum(size for _, size, _ in _stat_tree(local_path(path)))
     except (ConfigError, OSError):
         return 0
 

@@ -172,16 +172,15 @@ def fuses(model: Model, cluster: Cluster | None = None) -> bool:
         return False
     fn = model.fn
     if isinstance(fn, AdapterSpec):
-        if not fn.load_class(check=False).fuses:
-            return False
-    elif isinstance(fn, str):
-        try:
-            fn = import_string(fn)
-        except ChuteError:
-            return False
-    if not (isinstance(fn, AdapterSpec) or callable(fn)):
-        return False
-    return cluster is None or too_big_to_fuse(model, cluster) is None
+        fusable = fn.load_class(check=False).fuses
+    else:
+        if isinstance(fn, str):
+            try:
+                fn = import_string(fn)
+            except ChuteError:
+                return False
+        fusable = callable(fn)
+    return fusable and (cluster is None or too_big_to_fuse(model, cluster) is None)
 
 
 def too_big_to_fuse(model: Model, cluster: Cluster) -> str | None:
@@ -190,12 +189,15 @@ def too_big_to_fuse(model: Model, cluster: Cluster) -> str | None:
     arguments), once per CPU of a node, would take more than :data:`FUSED_MEMORY_SHARE`
     of the node's memory. ``None`` where they fit, or the sizes are not known."""
     size = load_bytes(model)
+    if not size:
+        return None
     nodes = [n for n in cluster.nodes if n.cpus > 0] or [
         Node("", cluster.cpus, cluster.gpus, cluster.memory)
     ]
+    reads = read_cpus(cluster)
     for node in nodes:
-        copies = math.ceil(node.cpus / read_cpus(cluster) - 1e-9)
-        if size and node.memory and size * copies > FUSED_MEMORY_SHARE * node.memory:
+        copies = math.ceil(node.cpus / reads - 1e-9)
+        if node.memory and size * copies > FUSED_MEMORY_SHARE * node.memory:
             return (
                 f"on actors, not in the read tasks: its files ({_gib(size)}) loaded once per "
                 f"CPU would take {_gib(size * copies)} of a node's {_gib(node.memory)}"
@@ -224,7 +226,9 @@ def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResource
     """Every model stage on ``cluster``: fused into the read tasks where :func:`fuses`
     says so (asking for a read's CPUs), the others' actor pools by :func:`plan_resources`,
     which then share the CPUs among fewer pools."""
-    actors = [m for m in models if not fuses(m, cluster)]
+    # why a model that could be fused keeps its actors here: its files, sized once
+    too_big = {m.name: too_big_to_fuse(m, cluster) for m in models if fuses(m)}
+    actors = [m for m in models if m.name not in too_big or too_big[m.name]]
     planned = iter(plan_resources(actors, cluster) if actors else [])
     check_cluster(cluster)
     reads = read_cpus(cluster)
@@ -233,8 +237,7 @@ def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResource
         if m not in actors:
             stages.append(StageResources(m.name, reads, 0, None, 0, 0, FUSED_NOTE, 1, fused=True))
             continue
-        stage = next(planned)
-        why = fuses(m) and too_big_to_fuse(m, cluster)
+        stage, why = next(planned), too_big.get(m.name)
         stages.append(replace(stage, note=why) if why and not stage.note else stage)
     return stages
 
