@@ -207,6 +207,29 @@ def test_a_worker_killed_while_reads_are_pending_is_planned_around_in_the_same_r
 
 
 @pytest.mark.timeout(400)
+def test_a_worker_killed_under_a_fused_model_finishes_in_the_same_run(
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
+) -> None:
+    """The model class asks for no CPUs, so it runs inside the read tasks of both nodes (no
+    actor). The worker dies with tasks in flight; Ray runs them again on the head and the
+    run finishes, exit 0, every row once, the committed units not redone, the lost node in
+    the report."""
+    job = _job(tmp_path, sleep=0.5)
+    clusters.append(cluster := _start(ray_dir, head_cpus=1, workers=[1]))
+    run = _chute(job, cluster, stall=60)
+    _wait_for_commits(tmp_path / "out", 2, run)
+    before = set(_committed(tmp_path / "out"))
+    assert cluster.kill_node(cluster.nodes[1]) > 0
+    code, text = _finish(run)
+    assert code == 0, text
+    assert "Traceback" not in text and "(raylet)" not in text
+    _exactly_once(tmp_path)
+    assert before <= set(_committed(tmp_path / "out"))
+    events = _events(tmp_path)
+    assert any(e.startswith("lost node 127.0.0.3 (1 CPU) at ") for e in events), events
+
+
+@pytest.mark.timeout(400)
 def test_a_node_that_joins_mid_run_is_planned_for_and_used(
     tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
 ) -> None:
