@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import sys
 import textwrap
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,20 @@ def test_ctor_override_replaces_model_arguments() -> None:
     stage = ModelStage(model, ["x"], target=Counting, ctor=((100,), {"scale": 0}))
     assert stage(_batch(2)).column("m").to_pylist() == [100, 100]
     assert Counting.constructed == 1
+
+
+def test_a_dropped_stage_frees_its_model_without_the_cycle_collector() -> None:
+    """A replica's model (maybe gigabytes) goes with its stage at once: the stage holds no
+    reference to itself, so the next run's copy never loads beside the last one."""
+    stage = ModelStage(Model("m", Counting, args=(1,)), ["x"])
+    stage(_batch(2))
+    model = weakref.ref(stage._fn)
+    gc.disable()
+    try:
+        del stage
+        assert model() is None
+    finally:
+        gc.enable()
 
 
 def test_callable_instance_model_is_used_as_is() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -88,9 +87,9 @@ class ModelStage:
         self._prepared: str | None = None
         """Prefix of the columns an adapter's preparer made for this model."""
         self.timeout = model.timeout
-        self._reload: Callable[[], Callable[[Any], Any]] = partial(
-            self._load, model, target, args, kwargs
-        )
+        self._made_with = (model, target, args, kwargs)
+        """What :meth:`_reload` builds the model from (kept as data, not as a bound method:
+        a stage that referred to itself would free a big model only at the next collection)."""
         self._fn = self._reload()
         self._caller = self._new_caller()
 
@@ -101,6 +100,9 @@ class ModelStage:
         """Let the thread that calls the model (with a timeout) end."""
         if self._caller is not None:
             self._caller.close()
+
+    def _reload(self) -> Callable[[Any], Any]:
+        return self._load(*self._made_with)
 
     def _load(
         self, model: Model, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -3,6 +3,7 @@ prepare steps as task functions, and the model actor that predicts and, last, wr
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -270,8 +271,11 @@ class ModelTask:
         replica = _replicas.get(self.key)
         if replica is None:
             run = self.key.split("/", 1)[0] + "/"
-            for old in [k for k in _replicas if not k.startswith(run)]:
-                del _replicas[old]
+            old = [k for k in _replicas if not k.startswith(run)]
+            for key in old:
+                del _replicas[key]
+            if old:  # a replica holds cycles: free its model before the next one loads
+                gc.collect()
             replica = _replicas[self.key] = ModelActor(**self.actor)
         return replica(block)
 
