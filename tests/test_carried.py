@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from chute.engines import carried
-from chute.stages import Batching
+from chute.stages import Batching, tag
 
 
 def _batch(rows: int, seconds: float, sizing: Batching | None = None) -> pa.Table:
@@ -63,3 +67,46 @@ def test_counters_travel_once_per_batch_whatever_their_names() -> None:
     (stats,) = carried.stage_stats(totals).values()
     assert stats.counters == {"tokens": 7.0, "finish/stop": 2.0}
     assert carried.counted(totals) == {"m": {"tokens": 7.0, "finish/stop": 2.0}}
+
+
+def _tagged(unit: int, rows: int) -> pa.Table:
+    return tag(pa.table({"x": np.arange(rows)}), unit, 0, rows)
+
+
+def test_rows_of_a_task_that_ran_again_name_their_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read marks its rows; a later task that Ray ran a second time marks the rows it
+    passes on; the writer names the units of the marked rows, and drops the mark."""
+    first = carried.mark(_tagged(3, 4))  # a first run: nothing marked
+    monkeypatch.setattr(carried, "attempt", lambda: 1)
+    second = carried.mark(_tagged(7, 2))  # a read that ran before
+    monkeypatch.setattr(carried, "attempt", lambda: 0)
+    joined = pa.concat_tables([first, second])
+    table, units = carried.retried(joined)
+    assert units == {7} and carried.RETRIED not in table.column_names
+    assert carried.retried(carried.mark(first))[1] == set()  # a first run keeps it as it is
+    monkeypatch.setattr(carried, "attempt", lambda: 2)  # the writer itself ran again
+    assert carried.retried(carried.mark(joined))[1] == {3, 7}
+    assert carried.retried(joined)[1] == {3, 7}
+
+
+def test_outside_a_ray_task_nothing_ran_before() -> None:
+    assert carried.attempt() == 0
+
+
+def _dies_once(marker: str) -> int:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)  # the worker dies: Ray runs the task again
+    return carried.attempt()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_ray_tells_a_task_how_many_times_it_ran_before(ray_session: Any, tmp_path: Path) -> None:
+    """chute names the units computed again from Ray's attempt number, which Ray 2.60 keeps
+    on its core worker with no public API: if that goes, this fails (not the report)."""
+    import ray
+
+    task = ray.remote(max_retries=1)(_dies_once)
+    assert ray.get(task.remote(str(tmp_path / "mark"))) == 1
+    assert ray.get(task.remote(str(tmp_path / "mark"))) == 0

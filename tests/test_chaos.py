@@ -308,6 +308,7 @@ def test_a_killed_model_actor_is_replaced_and_its_work_redone(
     )
     killed: dict[int, int] = {}  # pid -> units committed when it was killed
     spared: list[str] = []
+    committed: set[str] = set()  # the units committed before the kill
 
     def kill_the_actor() -> None:
         if not wait_for(lambda: ledger_lines(out) >= 3 and bool(replicas(pids)), None, 150):
@@ -317,6 +318,7 @@ def test_a_killed_model_actor_is_replaced_and_its_work_redone(
             if pid == os.getpid() or not name.startswith("ray::"):
                 spared.append(f"{pid} {name}")  # not an actor: never kill it
                 continue
+            committed.update(entry["unit"] for entry in ledger_units(out))
             killed[pid] = ledger_lines(out)
             os.kill(pid, signal.SIGKILL)
 
@@ -330,6 +332,11 @@ def test_a_killed_model_actor_is_replaced_and_its_work_redone(
     assert replacements, "no new actor process took over"
     assert (report.units_done, report.rows_out, report.complete) == (UNITS, ROWS, True)
     check_exactly_once(out, expected)
+    # the batches the actor had in hand were computed again, the report says which units
+    # they were of, and none of them had been committed
+    (again,) = [e for e in report.events if "computed again by Ray" in e]
+    redone = set(again.split(" is written once): ", 1)[1].split(", "))
+    assert redone and not redone & committed, (again, committed)
 
 
 # --------------------------------------------------------------------------- 3. node lost

@@ -227,6 +227,11 @@ def test_a_worker_killed_under_a_fused_model_finishes_in_the_same_run(
     assert before <= set(_committed(tmp_path / "out"))
     events = _events(tmp_path)
     assert any(e.startswith("lost node 127.0.0.3 (1 CPU) at ") for e in events), events
+    # the tasks in flight on the lost node ran again: the report names their units, none
+    # of them committed before the loss
+    (again,) = [e for e in events if "computed again by Ray" in e]
+    redone = set(again.split(" is written once): ", 1)[1].split(", "))
+    assert redone and not redone & before, (again, before)
 
 
 @pytest.mark.timeout(400)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.report import StageStats
-from chute.stages import Batching
+from chute.stages import KEY, Batching, rows
 
 PREFIX = "__chute_stats:"
 _BUSY, _BATCHES, _SPLITS, _BATCH_ROWS = "busy", "batches", "splits", "batch_rows"
@@ -34,6 +34,51 @@ STAGES = "stages"
 """The column of a record table that holds the JSON totals (in its first row)."""
 NODE = "node"
 """The column of a record table that names the node (its address) whose worker wrote it."""
+RETRIED = "__chute_retried"
+"""A row's mark that a Ray task on its way ran before (1; else 0): its node or worker was
+lost, or its output was, and Ray ran it again. The read tasks add it, each later task that
+ran again sets it, and the writer turns it into :data:`AGAIN`."""
+AGAIN = "again"
+"""The column of a record table that says whether its rows were computed again (see
+:data:`RETRIED`): the driver names those units in the report."""
+
+
+def attempt() -> int:
+    """How many times Ray ran the task now running before this time (0: its first run, or
+    not in a Ray task). Ray 2.60 keeps the number on its core worker only, with no public
+    API (``tests/test_fusion.py`` checks that it is still there and counts)."""
+    try:
+        from ray._private import worker
+
+        return int(worker.global_worker.core_worker.get_current_task_attempt_number())
+    except Exception:  # not in a Ray worker
+        return 0
+
+
+def mark(table: pa.Table) -> pa.Table:
+    """``table`` with :data:`RETRIED` added (by a read) or set (by a task that ran again)."""
+    again = attempt() > 0
+    if RETRIED not in table.column_names:
+        return table.append_column(RETRIED, pa.array(np.full(table.num_rows, again, np.bool_)))
+    if not again:
+        return table
+    at = table.column_names.index(RETRIED)
+    return table.set_column(at, RETRIED, pa.array(np.ones(table.num_rows, np.bool_)))
+
+
+def retried(table: pa.Table) -> tuple[pa.Table, set[int]]:
+    """``table`` without :data:`RETRIED`, and the units whose rows in it were computed
+    again (every unit in it, if the task running now ran before)."""
+    if RETRIED not in table.column_names:
+        return table, set()
+    flags = table.column(RETRIED).to_numpy(zero_copy_only=False)
+    table = table.drop_columns([RETRIED])
+    if attempt() > 0:
+        flags = np.ones(len(flags), np.bool_)
+    if not flags.any() or KEY not in table.column_names:
+        return table, set()
+    units, _, _ = rows.decode(table.column(KEY).to_numpy()[flags])
+    return table, {int(u) for u in np.unique(units)}
 
 
 def carry(

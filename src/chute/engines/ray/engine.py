@@ -48,6 +48,9 @@ class RayEngine:
         self.shipped: str | None = None
         """The job directory the workers run in, when Ray ships it (see :func:`init_ray`)."""
         self._events: list[str] = []
+        self._again: set[int] = set()
+        """The units whose rows a Ray task computed again in the last run (see
+        :data:`chute.engines.carried.RETRIED`)."""
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> RayEngine:
@@ -87,7 +90,7 @@ class RayEngine:
         """Run the pending units; when the cluster changes under the run (a node lost that
         leaves work no node can take, or a node that joins), plan the units not done yet
         against the cluster as it is then and go on, at most :data:`REPLANS` times."""
-        self._events = []
+        self._events, self._again = [], set()
         totals: dict[str, dict[str, float]] = {}
         began, attempt, why = time.monotonic(), plan, None
         try:
@@ -110,6 +113,8 @@ class RayEngine:
                 if not attempt.pending:
                     break
         finally:
+            if self._again:
+                self._events.append(_again(plan, self._again))
             if not self.verbose:
                 self._events.append(f"Ray's own messages: {ray_log()}")
         return carried.stage_stats(totals)
@@ -191,7 +196,9 @@ class RayEngine:
                 for text in batch.column(carried.STAGES).to_pylist():
                     carried.add(totals, carried.decode(text))
                     carried.add(counters, carried.counted(carried.decode(text)))
-                records = batch.drop_columns([carried.STAGES, carried.NODE])
+                again = batch.filter(batch.column(carried.AGAIN)).column("unit")
+                self._again.update(again.to_pylist())
+                records = batch.drop_columns([carried.STAGES, carried.NODE, carried.AGAIN])
                 commit(records_from_table(records), counters)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
             error = _unwrap(exc)
@@ -308,6 +315,17 @@ class RayEngine:
             compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
             **remote_args,
         )
+
+
+def _again(plan: Plan, again: set[int]) -> str:
+    """The report's line for the units a Ray task computed again (a node, a worker or a
+    task's output lost): at best only the units in flight there."""
+    ids = [u.id for u in plan.pending if u.index in again]
+    more = f" and {len(ids) - 5:,} more" if len(ids) > 5 else ""
+    return (
+        f"{len(ids):,} unit(s) computed again by Ray, their tasks run a second time after a "
+        f"node, worker or output was lost (each row is written once): {', '.join(ids[:5])}{more}"
+    )
 
 
 def _unwrap(exc: Exception) -> BaseException:

@@ -129,7 +129,7 @@ class ReadUnits:
         began = time.perf_counter()
         for unit in self.units:
             for batch in self.reader(unit):
-                yield carried.carry(batch, "read", time.perf_counter() - began)
+                yield carried.mark(carried.carry(batch, "read", time.perf_counter() - began))
                 began = time.perf_counter()
 
 
@@ -239,8 +239,9 @@ class ModelActor:
         counters = clock.take_counters()
         batching = self.stage.take_batching()
         if self.writer is None:  # a later stage writes: the stats travel with the rows
-            return carried.carry(out, name, busy, batching, counters)
+            return carried.mark(carried.carry(out, name, busy, batching, counters))
         out, totals = carried.collect(out)
+        out, again = carried.retried(out)
         mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows)}
         mine.update(carried.batching_entry(batching))
         mine.update({carried.COUNTED + k: v for k, v in counters.items()})
@@ -248,6 +249,8 @@ class ModelActor:
         records = records_to_table(self.writer.write(out))
         text = [carried.encode(totals)] + [""] * (records.num_rows - 1)
         records = records.append_column(carried.STAGES, pa.array(text[: records.num_rows]))
+        units = records.column("unit").to_pylist()
+        records = records.append_column(carried.AGAIN, pa.array([u in again for u in units]))
         return records.append_column(carried.NODE, pa.array([self.node] * records.num_rows))
 
 
