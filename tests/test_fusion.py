@@ -191,13 +191,13 @@ def test_a_new_run_drops_the_replicas_of_earlier_runs(ray_session: Any) -> None:
     }
     block = pa.table({"x": np.arange(10.0)})
     operators._replicas.clear()
-    operators.ModelTask("run1/a", **actor)(block)
-    operators.ModelTask("run1/b", **actor)(block)
-    first = operators._replicas["run1/a"]
-    operators.ModelTask("run1/a", **actor)(block)
-    assert operators._replicas["run1/a"] is first  # built once for the run
-    operators.ModelTask("run2/a", **actor)(block)
-    assert sorted(operators._replicas) == ["run2/a"]
+    operators.ModelTask("run1", "a", **actor)(block)
+    operators.ModelTask("run1", "b", **actor)(block)
+    first = operators._replicas["run1", "a"]
+    operators.ModelTask("run1", "a", **actor)(block)
+    assert operators._replicas["run1", "a"] is first  # built once for the run
+    operators.ModelTask("run2", "a", **actor)(block)
+    assert sorted(operators._replicas) == [("run2", "a")]
     operators._replicas.clear()
 
 
@@ -236,7 +236,7 @@ def test_an_earlier_runs_replica_is_freed_before_the_next_one_is_built() -> None
     gc.disable()  # only chute's own collection may free the cycle
     try:
         for run in ("run1", "run2", "run3"):
-            operators.ModelTask(f"{run}/m", **actor)(block)
+            operators.ModelTask(run, "m", **actor)(block)
     finally:
         gc.enable()
         operators._replicas.clear()

@@ -299,7 +299,7 @@ class RayEngine:
         # batch size with GPUs; map_batches_internal, where Ray has it, skips that check.
         if res.fused:  # tasks like the reads', which Ray fuses with them: one task per block
             return dataset.map_batches(
-                ModelTask(f"{run}/{model.name}", **actor),
+                ModelTask(run, model.name, **actor),
                 batch_size=None,
                 batch_format="pyarrow",
                 zero_copy_batch=True,

@@ -254,30 +254,29 @@ class ModelActor:
         return records.append_column(carried.NODE, pa.array([self.node] * records.num_rows))
 
 
-_replicas: dict[str, ModelActor] = {}
-"""The fused models this worker process has built, by stage, for the latest run only."""
+_replicas: dict[tuple[str, str], ModelActor] = {}
+"""The fused models this worker process has built, by (run, stage), for the latest run only."""
 
 
 class ModelTask:
     """A model fused into the read tasks (see :func:`chute.engines.resources.fuses`): the
     same replica as :class:`ModelActor`, made once per worker process and kept there for
-    the run's later tasks, as an actor would keep it. ``key`` is ``<run>/<stage>``: the
-    first task of a new run drops the replicas of earlier runs (a class may hold a big
-    model; a process keeps none it will not use again)."""
+    the run's later tasks, as an actor would keep it. The first task of a new ``run``
+    drops the replicas of earlier runs, and frees them before it builds its own: a class
+    may hold a big model, and a process keeps none it will not use again."""
 
     __name__ = "predict"  # Ray Data names the fused operator after it
 
-    def __init__(self, key: str, **actor: Any) -> None:
-        self.key, self.actor = key, actor
+    def __init__(self, run: str, stage: str, **actor: Any) -> None:
+        self.key, self.actor = (run, stage), actor
 
     def __call__(self, block: pa.Table) -> pa.Table:
         replica = _replicas.get(self.key)
         if replica is None:
-            run = self.key.split("/", 1)[0] + "/"
-            old = [k for k in _replicas if not k.startswith(run)]
+            old = [key for key in _replicas if key[0] != self.key[0]]
             for key in old:
                 del _replicas[key]
-            if old:  # a replica holds cycles: free its model before the next one loads
+            if old:  # a user's model may hold reference cycles: free it now, not later
                 gc.collect()
             replica = _replicas[self.key] = ModelActor(**self.actor)
         return replica(block)
