@@ -243,6 +243,34 @@ def test_an_earlier_runs_replica_is_freed_before_the_next_one_is_built() -> None
     assert Cyclic.seen == [0, 0, 0]
 
 
+@pytest.mark.parametrize(("fn", "collections"), [(Triple, 0), (double, 0), (Cyclic, 1)])
+def test_the_cycle_collector_runs_only_for_a_model_that_outlives_its_replica(
+    fn: Any, collections: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full collection costs a worker process 50-100 ms at the start of every run: only a
+    model that outlived its dropped replica (a cycle) is worth one."""
+    actor = {
+        "model": _model("m", fn),
+        "inputs": ["x"],
+        "target": None,
+        "ctor": None,
+        "output": None,
+        "rows": 100,
+    }
+    block = pa.table({"x": np.arange(10.0)})
+    operators._replicas.clear()
+    operators.ModelTask("run1", "m", **actor)(block)
+    calls: list[int] = []
+    monkeypatch.setattr(operators.gc, "collect", lambda: calls.append(1) or 0)
+    gc.disable()
+    try:
+        operators.ModelTask("run2", "m", **actor)(block)
+    finally:
+        gc.enable()
+        operators._replicas.clear()
+    assert len(calls) == collections
+
+
 class Loads:
     """A class that would load the file it is given."""
 

@@ -9,6 +9,7 @@ past its ``timeout`` replaces the replica. How many rows each call takes is the 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,6 +101,21 @@ class ModelStage:
         """Let the thread that calls the model (with a timeout) end."""
         if self._caller is not None:
             self._caller.close()
+
+    def built(self) -> Callable[[], object] | None:
+        """A weak reference to the model this stage built (a class's instance, an
+        adapter), to tell whether it outlives the stage (a model that refers to itself is
+        freed only by the cycle collector); ``None`` where it built nothing (a function,
+        an object the job holds), or a reference that never dies where it cannot be
+        watched."""
+        target = self._made_with[1]
+        if not isinstance(target, type | AdapterSpec):
+            return None
+        try:
+            return weakref.ref(self._fn)
+        except TypeError:  # no weak references to it: take it for alive
+            fn = self._fn
+            return lambda: fn
 
     def _reload(self) -> Callable[[Any], Any]:
         return self._load(*self._made_with)

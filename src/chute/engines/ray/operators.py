@@ -273,13 +273,20 @@ class ModelTask:
     def __call__(self, block: pa.Table) -> pa.Table:
         replica = _replicas.get(self.key)
         if replica is None:
-            old = [key for key in _replicas if key[0] != self.key[0]]
-            for key in old:
-                del _replicas[key]
-            if old:  # a user's model may hold reference cycles: free it now, not later
-                gc.collect()
+            _drop([key for key in _replicas if key[0] != self.key[0]])
             replica = _replicas[self.key] = ModelActor(**self.actor)
         return replica(block)
+
+
+def _drop(keys: list[tuple[str, str]]) -> None:
+    """Forget these replicas, and free their models before the next one is built: a
+    model that refers to itself outlives its replica until the cycle collector runs, which
+    costs a worker process 50-100 ms, so it runs only for such a model."""
+    stages = [getattr(_replicas.pop(key), "stage", None) for key in keys]  # None: it failed
+    built = [stage.built() for stage in stages if stage is not None]
+    del stages
+    if any(ref is not None and ref() is not None for ref in built):
+        gc.collect()
 
 
 class ObjectStoreSource:
