@@ -46,7 +46,7 @@ AGAIN = "again"
 def attempt() -> int:
     """How many times Ray ran the task now running before this time (0: its first run, or
     not in a Ray task). Ray 2.60 keeps the number on its core worker only, with no public
-    API (``tests/test_fusion.py`` checks that it is still there and counts)."""
+    API (``tests/test_carried.py`` checks that it is still there and counts)."""
     try:
         from ray._private import worker
 
