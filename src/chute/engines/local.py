@@ -264,6 +264,8 @@ class _Run:
             channel = self._model(stage, channel)
         self.files = Coalescer(PartWriter(plan.output))  # shared: files of several batches
         self.written = channel
+        self._writing = writers
+        """Writer threads not finished: the last one closes the files still open."""
         self._spawn("write", writers, partial(self._write, channel, self.files))
 
     def _channel(self, producers: int) -> Channel:
@@ -382,7 +384,9 @@ class _Run:
 
     def _write(self, source: Channel, files: Coalescer) -> None:
         """Hand batches to the shared coalescer; write what it holds when it is due (a
-        ready unit waited its longest) and, at the end of the input, everything."""
+        ready unit waited its longest) and, once the last writer is through, everything.
+        (A writer that closed every file as soon as the input ended could close the one
+        another writer was about to append its last batch to: one more, smaller file.)"""
         while True:
             try:
                 batch = source.get(timeout=files.wait())
@@ -392,7 +396,11 @@ class _Run:
             if batch is None:
                 break
             self._send(files.add(batch))
-        self._send(files.flush(everything=True))
+        with self._stats_lock:
+            self._writing -= 1
+            last = self._writing == 0
+        if last:
+            self._send(files.flush(everything=True))
 
     def _send(self, records: list[PartRecord]) -> None:
         if records:
