@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from chute.engines.local import Channel, Rebatcher
+from chute.engines.channels import Channel, Rebatcher
 from chute.stages import KEY, decode, tag
 
 

@@ -18,7 +18,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import astuple
 from functools import partial
@@ -27,6 +26,7 @@ import pyarrow as pa
 
 from chute.coalesce import Coalescer
 from chute.engines import Commit, EngineOptions
+from chute.engines.channels import Channel, Idle, Rebatcher, Stopped
 from chute.engines.resources import (
     StageResources,
     check_local,
@@ -39,169 +39,10 @@ from chute.plan import Plan, StagePlan
 from chute.report import StageStats, add_counters
 from chute.sinks import PartRecord, PartWriter
 from chute.sources import Unit
-from chute.stages import KEY, ROW_BITS, ModelStage, PrepareStage, PreprocessStage, preparer
+from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
 
 CHANNEL_BATCHES = 4
 """Batches a channel holds before its producers wait."""
-
-
-class Stopped(Exception):
-    """Raised inside a worker thread when the pipeline is shutting down."""
-
-
-class Idle(Exception):
-    """Raised by :meth:`Channel.get` when nothing arrived within its timeout."""
-
-
-class Channel:
-    """A bounded multi-producer, multi-consumer queue that knows when it is finished."""
-
-    def __init__(self, capacity: int, producers: int, stop: threading.Event) -> None:
-        self._items: deque[pa.Table] = deque()
-        self._cond = threading.Condition()
-        self._capacity = capacity
-        self._open = producers
-        self._stop = stop
-
-    def put(self, item: pa.Table) -> None:
-        with self._cond:
-            while len(self._items) >= self._capacity:
-                self._wait()
-            self._items.append(item)
-            self._cond.notify_all()
-
-    def get(self, timeout: float | None = None) -> pa.Table | None:
-        """The next item, or ``None`` once every producer has closed and it is empty;
-        :class:`Idle` if ``timeout`` seconds pass without either."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not self._items and self._open > 0:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise Idle
-                self._wait(0.1 if deadline is None else min(0.1, deadline - time.monotonic()))
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            self._cond.notify_all()
-            return item
-
-    def poll(self) -> pa.Table | None:
-        """The next item if one is waiting now, else ``None`` at once."""
-        with self._cond:
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            self._cond.notify_all()
-            return item
-
-    def close(self) -> None:
-        """One producer is finished."""
-        with self._cond:
-            self._open -= 1
-            self._cond.notify_all()
-
-    def _wait(self, seconds: float = 0.1) -> None:
-        if self._stop.is_set():
-            raise Stopped
-        self._cond.wait(max(seconds, 0.0))
-
-
-class Rebatcher:
-    """Cuts a channel's tables into batches of ``rows`` rows (or the rows each
-    :meth:`take` asks for: a replica's size of the moment), one unit at a time.
-
-    Readers work on several units at once, so their slices arrive interleaved. Batches are
-    cut from each unit's own buffer, because a batch that mixed units would be written as
-    one part per unit: many small files. A finished unit's tail goes on at once, joined
-    only with the tails that are ready at the same moment (in the buffers, or waiting in
-    the channel), never held for rows that have not arrived: a unit commits as soon as
-    its last rows are through, whatever the batch size.
-    """
-
-    def __init__(self, source: Channel, rows: int) -> None:
-        self._source = source
-        self._rows = rows
-        self._units: dict[int, list[pa.Table]] = {}
-        self._finished: set[int] = set()
-        self._drained = False
-        self._lock = threading.Lock()
-
-    def take(self, rows: int | None = None) -> pa.Table | None:
-        with self._lock:
-            self._rows = rows or self._rows
-            while True:
-                batch = self._full()
-                if batch is None and self._ready():
-                    self._add_waiting()
-                    batch = self._tails()
-                if batch is not None or self._drained:
-                    return batch
-                self._add(self._source.get())
-
-    def _add(self, table: pa.Table | None) -> None:
-        if table is None:
-            self._drained = True
-            return
-        if not table.num_rows:
-            return
-        keys = table.column(KEY)
-        unit = _unit_of(keys[0].as_py())
-        self._units.setdefault(unit, []).append(table)
-        if keys[-1].as_py() < 0:  # the unit's last row: nothing more of it will come
-            self._finished.add(unit)
-
-    def _add_waiting(self) -> None:
-        """Take what the channel already holds, until the ready tails fill a batch."""
-        while self._rows_of(self._ready()) < self._rows:
-            table = self._source.poll()
-            if table is None:
-                return
-            self._add(table)
-
-    def _ready(self) -> list[int]:
-        """Units whose buffered rows may go on now: finished ones (all, once drained)."""
-        return [u for u in self._units if self._drained or u in self._finished]
-
-    def _rows_of(self, units: list[int]) -> int:
-        return sum(t.num_rows for u in units for t in self._units[u])
-
-    def _full(self) -> pa.Table | None:
-        for unit, tables in self._units.items():
-            if sum(t.num_rows for t in tables) >= self._rows:
-                return self._take(unit, self._rows)
-        return None
-
-    def _tails(self) -> pa.Table | None:
-        """The ready tails joined, up to a batch; ``None`` when there are none."""
-        pieces: list[pa.Table] = []
-        wanted = self._rows
-        for unit in self._ready():
-            if wanted == 0:
-                break
-            pieces.append(self._take(unit, wanted))
-            wanted -= pieces[-1].num_rows
-        return _concat(pieces) if pieces else None
-
-    def _take(self, unit: int, rows: int) -> pa.Table:
-        """The first ``rows`` rows (or fewer, if that is all) of ``unit``'s buffer."""
-        table = _concat(self._units[unit])
-        rest = table.slice(rows)
-        if rest.num_rows:
-            self._units[unit] = [rest]
-        else:
-            del self._units[unit]
-            self._finished.discard(unit)
-        return table.slice(0, rows)
-
-
-def _unit_of(key: int) -> int:
-    return (-key - 1 if key < 0 else key) >> ROW_BITS
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    if len(tables) == 1:
-        return tables[0]
-    return pa.concat_tables(tables, promote_options="permissive")
 
 
 class LocalEngine:
