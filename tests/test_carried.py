@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from chute import Job, Model, TableSource
 from chute.engines import carried
+from chute.plan import build_plan
 from chute.stages import Batching, tag
 
 
@@ -110,3 +112,22 @@ def test_ray_tells_a_task_how_many_times_it_ran_before(ray_session: Any, tmp_pat
     task = ray.remote(max_retries=1)(_dies_once)
     assert ray.get(task.remote(str(tmp_path / "mark"))) == 1
     assert ray.get(task.remote(str(tmp_path / "mark"))) == 0
+
+
+def test_the_report_names_the_units_computed_again() -> None:
+    from chute.engines.ray import engine
+
+    table = pa.table({"x": np.arange(40)})
+    plan = build_plan(Job(TableSource(table, unit_rows=5), (Model("m", _same),)))
+    ids = [u.id for u in plan.pending]
+    line = engine._again(plan, {1, 3})
+    assert line.startswith("2 unit(s) computed again by Ray, their tasks run a second time")
+    assert line.endswith(f"(each row is written once): {ids[1]}, {ids[3]}")
+    assert engine._again(plan, set(range(8))).endswith(f"{ids[4]} and 3 more")
+    # planned again: of the units in flight, those that had rows written
+    assert engine._written(plan, set()) == ""
+    assert engine._written(plan, {2}) == f"; 1 of them had rows written, dropped: {ids[2]}"
+
+
+def _same(batch: Any) -> Any:
+    return batch

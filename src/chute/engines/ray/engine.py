@@ -51,6 +51,9 @@ class RayEngine:
         self._again: set[int] = set()
         """The units whose rows a Ray task computed again in the last run (see
         :data:`chute.engines.carried.RETRIED`)."""
+        self._arrived: set[int] = set()
+        """The units some rows of which reached the driver in the current attempt: those
+        not committed when the run is planned again are computed again, and said so."""
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> RayEngine:
@@ -107,7 +110,7 @@ class RayEngine:
                 minutes, seconds = divmod(int(time.monotonic() - began), 60)
                 self._events.append(
                     f"planned again at {minutes}:{seconds:02d} ({why}): {len(left)} unit(s) "
-                    "left, those in flight run again"
+                    f"left, those in flight run again{_written(plan, left & self._arrived)}"
                 )
                 attempt = replace(plan, pending=[u for u in plan.pending if u.index in left])
                 if not attempt.pending:
@@ -137,9 +140,11 @@ class RayEngine:
         found = cluster()
         ends = [0]  # units whose last rows arrived: a joined node is worth a new plan only
         # while more than a few are left (a new plan runs the units in flight again)
+        self._arrived = set()
 
         def seen(records: list[PartRecord], counters: Any = None, status: Any = None) -> None:
             ends[0] += sum(1 for r in records if r.unit_rows >= 0)
+            self._arrived.update(r.unit for r in records)
             commit(records, counters, status)
 
         watchdog = Watchdog(
@@ -326,6 +331,17 @@ def _again(plan: Plan, again: set[int]) -> str:
         f"{len(ids):,} unit(s) computed again by Ray, their tasks run a second time after a "
         f"node, worker or output was lost (each row is written once): {', '.join(ids[:5])}{more}"
     )
+
+
+def _written(plan: Plan, units: set[int]) -> str:
+    """What the ``planned again`` line adds of the units in flight that had rows written
+    (dropped, and computed again by the new plan); those with nothing written yet cannot
+    be told from the units not started."""
+    if not units:
+        return ""
+    ids = [u.id for u in plan.pending if u.index in units]
+    more = f" and {len(ids) - 5:,} more" if len(ids) > 5 else ""
+    return f"; {len(ids):,} of them had rows written, dropped: {', '.join(ids[:5])}{more}"
 
 
 def _unwrap(exc: Exception) -> BaseException:
