@@ -191,6 +191,13 @@ def reap(proc: subprocess.Popen[str]) -> list[str]:
     return names
 
 
+def computed_again(events: list[str]) -> set[str]:
+    """The units the report's one line names as computed again by Ray (a ValueError where
+    there is no such line, or several)."""
+    (line,) = [e for e in events if "computed again by Ray" in e]
+    return set(line.split(" is written once): ", 1)[1].split(", "))
+
+
 def ledger_lines(out: Path) -> int:
     path = out / "_chute" / "ledger.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0

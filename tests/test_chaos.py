@@ -33,6 +33,7 @@ from tests.chaos_job import (
     HERE,
     METRICS,
     ROWS_PER_UNIT,
+    computed_again,
     driver_env,
     ledger_lines,
     ledger_units,
@@ -334,9 +335,8 @@ def test_a_killed_model_actor_is_replaced_and_its_work_redone(
     check_exactly_once(out, expected)
     # the batches the actor had in hand were computed again, the report says which units
     # they were of, and none of them had been committed
-    (again,) = [e for e in report.events if "computed again by Ray" in e]
-    redone = set(again.split(" is written once): ", 1)[1].split(", "))
-    assert redone and not redone & committed, (again, committed)
+    redone = computed_again(report.events)
+    assert redone and not redone & committed, (redone, committed)
 
 
 # --------------------------------------------------------------------------- 3. node lost

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.chaos_job import computed_again
 from tests.loopback_cluster import LoopbackCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -178,15 +179,14 @@ def _events(tmp_path: Path) -> list[str]:
     return list(json.loads(report.read_text())["events"])
 
 
-@pytest.mark.timeout(400)
-def test_a_worker_killed_while_reads_are_pending_is_planned_around_in_the_same_run(
-    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
-) -> None:
-    """The hang of issue 18: the worker dies, the model actor restarts on the 1-CPU head
-    and takes its CPU, the reads wait for one. The run plans the units not done against
-    the head alone (reads and the actor half a CPU each) and finishes, exit 0; the report
-    names the lost node and the new plan; Ray's own lines stay off the terminal."""
-    job = _job(tmp_path, sleep=0.5, cpus=0.5)
+def _lose_the_worker(
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster], cpus: float | None = None
+) -> tuple[set[str], list[str]]:
+    """A 1-CPU head and a 1-CPU worker; the worker is SIGKILLed after two commits. The run
+    finishes (exit 0, no traceback, none of Ray's lines), every row once, the units
+    committed before the loss not redone, the lost node in the report. Returns those
+    units and the report's events."""
+    job = _job(tmp_path, sleep=0.5, cpus=cpus)
     clusters.append(cluster := _start(ray_dir, head_cpus=1, workers=[1]))
     run = _chute(job, cluster, stall=60)  # a new plan, long before the bound
     _wait_for_commits(tmp_path / "out", 2, run)
@@ -199,6 +199,18 @@ def test_a_worker_killed_while_reads_are_pending_is_planned_around_in_the_same_r
     assert before <= set(_committed(tmp_path / "out"))  # committed units were not redone
     events = _events(tmp_path)
     assert any(e.startswith("lost node 127.0.0.3 (1 CPU) at ") for e in events), events
+    return before, events
+
+
+@pytest.mark.timeout(400)
+def test_a_worker_killed_while_reads_are_pending_is_planned_around_in_the_same_run(
+    tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
+) -> None:
+    """The hang of issue 18: the worker dies, the model actor restarts on the 1-CPU head
+    and takes its CPU, the reads wait for one. The run plans the units not done against
+    the head alone (reads and the actor half a CPU each) and finishes, exit 0; the report
+    names the lost node and the new plan; Ray's own lines stay off the terminal."""
+    _, events = _lose_the_worker(tmp_path, ray_dir, clusters, cpus=0.5)
     replanned = [e for e in events if e.startswith("planned again at ")]
     if replanned:  # else Ray rescheduled before the actor took the CPU: fine as well
         assert "(lost node 127.0.0.3 (1 CPU) at " in replanned[0], events
@@ -214,24 +226,11 @@ def test_a_worker_killed_under_a_fused_model_finishes_in_the_same_run(
     actor). The worker dies with tasks in flight; Ray runs them again on the head and the
     run finishes, exit 0, every row once, the committed units not redone, the lost node in
     the report."""
-    job = _job(tmp_path, sleep=0.5)
-    clusters.append(cluster := _start(ray_dir, head_cpus=1, workers=[1]))
-    run = _chute(job, cluster, stall=60)
-    _wait_for_commits(tmp_path / "out", 2, run)
-    before = set(_committed(tmp_path / "out"))
-    assert cluster.kill_node(cluster.nodes[1]) > 0
-    code, text = _finish(run)
-    assert code == 0, text
-    assert "Traceback" not in text and "(raylet)" not in text
-    _exactly_once(tmp_path)
-    assert before <= set(_committed(tmp_path / "out"))
-    events = _events(tmp_path)
-    assert any(e.startswith("lost node 127.0.0.3 (1 CPU) at ") for e in events), events
+    before, events = _lose_the_worker(tmp_path, ray_dir, clusters)
     # the tasks in flight on the lost node ran again: the report names their units, none
     # of them committed before the loss
-    (again,) = [e for e in events if "computed again by Ray" in e]
-    redone = set(again.split(" is written once): ", 1)[1].split(", "))
-    assert redone and not redone & before, (again, before)
+    redone = computed_again(events)
+    assert redone and not redone & before, (redone, before)
 
 
 @pytest.mark.timeout(400)

@@ -178,17 +178,22 @@ def test_a_fused_class_is_built_once_per_worker_process_each_run(
         assert (out["m_y"] == out["x"] * 3).all()
 
 
-def test_a_new_run_drops_the_replicas_of_earlier_runs(ray_session: Any) -> None:
-    """A worker process keeps the fused replicas of the latest run only: a class may hold
-    a big model, and an earlier run's is never used again."""
-    actor = {
-        "model": _model("m", f"{HERE}:Triple"),
+def _task_args(fn: Any) -> dict[str, Any]:
+    """What a fused model task is built with, for ``fn`` on column ``x``, writing nothing."""
+    return {
+        "model": _model("m", fn),
         "inputs": ["x"],
         "target": None,
         "ctor": None,
         "output": None,
         "rows": 100,
     }
+
+
+def test_a_new_run_drops_the_replicas_of_earlier_runs(ray_session: Any) -> None:
+    """A worker process keeps the fused replicas of the latest run only: a class may hold
+    a big model, and an earlier run's is never used again."""
+    actor = _task_args(f"{HERE}:Triple")
     block = pa.table({"x": np.arange(10.0)})
     operators._replicas.clear()
     operators.ModelTask("run1", "a", **actor)(block)
@@ -221,14 +226,7 @@ def test_an_earlier_runs_replica_is_freed_before_the_next_one_is_built() -> None
     """A big model loaded while the last run's copy is still held costs twice the memory
     and, measured, 13× the load time (800 MB of NumPy: 1.3 s against 0.1 s): the old
     replica is freed, cycles included, before the new one is built."""
-    actor = {
-        "model": _model("m", Cyclic),
-        "inputs": ["x"],
-        "target": None,
-        "ctor": None,
-        "output": None,
-        "rows": 100,
-    }
+    actor = _task_args(Cyclic)
     block = pa.table({"x": np.arange(10.0)})
     operators._replicas.clear()
     Cyclic.seen.clear()
@@ -249,14 +247,7 @@ def test_the_cycle_collector_runs_only_for_a_model_that_outlives_its_replica(
 ) -> None:
     """A full collection costs a worker process 50-100 ms at the start of every run: only a
     model that outlived its dropped replica (a cycle) is worth one."""
-    actor = {
-        "model": _model("m", fn),
-        "inputs": ["x"],
-        "target": None,
-        "ctor": None,
-        "output": None,
-        "rows": 100,
-    }
+    actor = _task_args(fn)
     block = pa.table({"x": np.arange(10.0)})
     operators._replicas.clear()
     operators.ModelTask("run1", "m", **actor)(block)

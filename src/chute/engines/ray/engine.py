@@ -325,11 +325,10 @@ class RayEngine:
 def _again(plan: Plan, again: set[int]) -> str:
     """The report's line for the units a Ray task computed again (a node, a worker or a
     task's output lost): at best only the units in flight there."""
-    ids = [u.id for u in plan.pending if u.index in again]
-    more = f" and {len(ids) - 5:,} more" if len(ids) > 5 else ""
+    count, named = _named(plan, again)
     return (
-        f"{len(ids):,} unit(s) computed again by Ray, their tasks run a second time after a "
-        f"node, worker or output was lost (each row is written once): {', '.join(ids[:5])}{more}"
+        f"{count:,} unit(s) computed again by Ray, their tasks run a second time after a "
+        f"node, worker or output was lost (each row is written once): {named}"
     )
 
 
@@ -339,9 +338,15 @@ def _written(plan: Plan, units: set[int]) -> str:
     be told from the units not started."""
     if not units:
         return ""
+    count, named = _named(plan, units)
+    return f"; {count:,} of them had rows written, dropped: {named}"
+
+
+def _named(plan: Plan, units: set[int]) -> tuple[int, str]:
+    """How many of the plan's units ``units`` are, and the first five by id."""
     ids = [u.id for u in plan.pending if u.index in units]
     more = f" and {len(ids) - 5:,} more" if len(ids) > 5 else ""
-    return f"; {len(ids):,} of them had rows written, dropped: {', '.join(ids[:5])}{more}"
+    return len(ids), ", ".join(ids[:5]) + more
 
 
 def _unwrap(exc: Exception) -> BaseException:
