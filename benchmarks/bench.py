@@ -726,7 +726,11 @@ MLP_MEMORY_GOAL = 2.0  # chute local's peak ≤ 2× the loop's on the MLP
 FLAT_MEMORY_GOAL = 1.3  # chute local's peak on taxi-x10 ≤ 1.3× its peak on taxi
 
 
-def print_tables(results: list[Summary], ray_start: float | None) -> None:
+def print_tables(
+    results: list[Summary],
+    ray_start: float | None,
+    comparisons: list[tuple[str, str]] = COMPARISONS,
+) -> None:
     workloads = list(dict.fromkeys(r.workload for r in results))
     head = (
         f"{'variant':<16}{'seconds':>8}{'(min–max)':>15}{'rows/s':>12}{'CPU s':>7}"
@@ -746,7 +750,7 @@ def print_tables(results: list[Summary], ray_start: float | None) -> None:
             )
         by = {r.variant: r for r in rows}
         lines = []
-        for ours, theirs in COMPARISONS:
+        for ours, theirs in comparisons:
             if ours not in by or theirs not in by:
                 continue
             a, b = by[ours], by[theirs]

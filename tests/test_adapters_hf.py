@@ -299,9 +299,21 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
-def test_sentence_transformers_equals_encode(normalize: bool, engine: str) -> None:
+def test_sentence_transformers_equals_encode(
+    normalize: bool, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sentence_transformers import SentenceTransformer
 
+    from chute.models.sbert import SentenceTransformersAdapter
+
+    embedded: list[int] = []  # rows the replicas embedded from the CPU step's token ids
+    forward = SentenceTransformersAdapter._embed
+
+    def counted(self: Any, columns: Any) -> Any:
+        embedded.append(len(columns["input_ids"]))
+        return forward(self, columns)
+
+    monkeypatch.setattr(SentenceTransformersAdapter, "_embed", counted)
     path = minilm_dir()
     table = texts_table(40)
     model = chute.Model(
@@ -322,6 +334,80 @@ def test_sentence_transformers_equals_encode(normalize: bool, engine: str) -> No
     assert cosine(got, direct).min() >= 0.9999
     if normalize:
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    if engine == "local":  # the replicas ran in this process: every row came tokenized
+        assert sum(embedded) == table.num_rows
+
+
+def _prepared(table: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
+    """``table`` as a model stage hands it to the adapter, with the CPU step's columns."""
+    from chute.models.base import PREPARED
+
+    for key, values in columns.items():
+        table = table.append_column(PREPARED + key, values)
+    return table
+
+
+def _awkward_texts() -> pa.Table:
+    """Texts that test the tokenizing: spaces around, empty, longer than the model's 256
+    tokens (truncated), upper case, and ordinary ones of different lengths."""
+    long = " ".join(SENTENCES * 20)
+    texts = ["  Padded with spaces.  ", "", long, "SHOUTED WORDS", *SENTENCES[:12]]
+    return pa.table({"text": texts})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
+def test_sentence_transformers_prepared_rows_equal_encode(normalize: bool) -> None:
+    """The CPU step's token ids are the model's own, and the replica's forward passes over
+    them give encode's embeddings."""
+    from chute.models import ReplicaContext
+    from chute.models.sbert import SentenceTransformersAdapter, Tokenize
+
+    path = minilm_dir()
+    table = _awkward_texts()
+    options = {"path": path, "normalize": normalize, "batch_size": 4}
+    columns = Tokenize("emb", options)(table)
+    assert set(columns) == {"input_ids", "token_type_ids"}
+    assert max(len(ids) for ids in columns["input_ids"].to_pylist()) == 256  # truncated
+    replica = SentenceTransformersAdapter(ReplicaContext("emb"), **options)
+    got = np.stack(replica(_prepared(table, columns))["embedding"].to_numpy(zero_copy_only=False))
+    assert replica.tokens_match is True
+    direct = replica.model.encode(table.column("text").to_pylist(), normalize_embeddings=normalize)
+    np.testing.assert_allclose(got, direct, atol=2e-5)
+
+
+@pytest.mark.timeout(120)
+def test_sentence_transformers_step_that_tokenizes_otherwise_is_not_used(tmp_path: Path) -> None:
+    """Ids that are not the model's (here: cut at 8 tokens) are caught on the first batch:
+    the replica encodes the text itself, and the embeddings stay encode's."""
+    from chute.models import ReplicaContext
+    from chute.models.sbert import SentenceTransformersAdapter, Tokenize
+
+    path = minilm_dir()
+    table = _awkward_texts()
+    columns = Tokenize("emb", {"path": path})(table)
+    cut = pa.array([ids[:8] for ids in columns["input_ids"].to_pylist()], columns["input_ids"].type)
+    columns["input_ids"] = cut
+    replica = SentenceTransformersAdapter(ReplicaContext("emb"), path=path)
+    got = np.stack(replica(_prepared(table, columns))["embedding"].to_numpy(zero_copy_only=False))
+    assert replica.tokens_match is False
+    np.testing.assert_allclose(
+        got, replica.model.encode(table.column("text").to_pylist()), atol=2e-5
+    )
+
+
+def test_sentence_transformers_step_leaves_unknown_models_to_the_replica(tmp_path: Path) -> None:
+    """A model whose first module's length is not written down (or that is not a text
+    transformer) gets no token ids from the step: the replica calls encode."""
+    from chute.models.sbert import Tokenize
+
+    source = Path(minilm_dir())
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for item in source.iterdir():
+        if item.name != "sentence_bert_config.json":
+            (copy / item.name).symlink_to(item)
+    assert Tokenize("emb", {"path": str(copy)})(_awkward_texts()) == {}
 
 
 @pytest.mark.timeout(120)

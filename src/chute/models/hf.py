@@ -50,7 +50,7 @@ from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns
 from chute.models.common import rename
 from chute.models.sbert import offline_hub
-from chute.models.torchmodel import DTYPES, check_options, fixed_size_list
+from chute.models.torchmodel import DTYPES, check_options, fixed_size_list, pad_lists
 
 TASKS = (
     "text-classification",
@@ -257,10 +257,10 @@ class TransformersAdapter(Adapter):
             pixels = _stacked(chunk["pixel_values"])
             logits = self.model(pixel_values=self._tensor(pixels, float_=True)).logits
             return self._classes(logits)
-        ids, mask = _pad(chunk["input_ids"], self._pad_id())
+        ids, mask = pad_lists(chunk["input_ids"], self._pad_id())
         inputs = {"input_ids": self._tensor(ids), "attention_mask": self._tensor(mask)}
         if "token_type_ids" in chunk:
-            inputs["token_type_ids"] = self._tensor(_pad(chunk["token_type_ids"], 0)[0])
+            inputs["token_type_ids"] = self._tensor(pad_lists(chunk["token_type_ids"], 0)[0])
         out = self.model(**inputs)
         if self.task == "text-classification":
             return self._classes(out.logits)
@@ -369,18 +369,6 @@ class TransformersAdapter(Adapter):
             decode(seq, skip_special_tokens=True)[len(decode(p, skip_special_tokens=True)) :]
             for seq, p in zip(out.cpu().tolist(), prompts, strict=True)
         ]
-
-
-def _pad(column: pa.Array, value: int) -> tuple[np.ndarray, np.ndarray]:
-    """Variable-length id lists → a right-padded ``(rows, longest)`` int64 array and mask."""
-    rows = column.to_pylist()
-    longest = max((len(r) for r in rows), default=0)
-    ids = np.full((len(rows), longest), value, dtype=np.int64)
-    mask = np.zeros((len(rows), longest), dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
-    return ids, mask
 
 
 def _stacked(column: pa.Array) -> np.ndarray:

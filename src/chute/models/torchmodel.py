@@ -293,6 +293,18 @@ def tensor_columns(out: Any, task: str, labels: Sequence[Any] | None = None) -> 
     return {"logits": values, "label": label, "score": score}
 
 
+def pad_lists(column: pa.Array, value: int) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length id lists → a right-padded ``(rows, longest)`` int64 array and its
+    mask (1 where a row has a token)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy()
+    mask = np.arange(int(lengths.max(initial=0)))[None, :] < lengths[:, None]
+    ids = np.full(mask.shape, value, dtype=np.int64)
+    ids[mask] = column.flatten().to_numpy(zero_copy_only=False)
+    return ids, mask.astype(np.int64)
+
+
 def fixed_size_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
     """A ``(rows, width)`` array as a fixed-size list column of float32."""
     flat = pa.array(np.ascontiguousarray(matrix, dtype=np.float32).reshape(-1))
