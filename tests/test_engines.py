@@ -828,6 +828,27 @@ def all_cpus_free(ray: Any) -> bool:
     return live_pool_actors() == 0 and ray.available_resources().get("CPU", 0) == 2
 
 
+def test_a_finished_fused_run_does_not_wait_for_rays_view(
+    ray_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of tasks only (every model fused into the reads) that finished has nothing
+    left holding CPUs: it returns without polling Ray's view of them. One with actors, and
+    a failed one (tasks may still run), wait."""
+    from chute.engines.ray import release
+
+    waits: list[str] = []
+    monkeypatch.setattr(release, "_wait_for", lambda condition, seconds: waits.append("w"))
+    with release.released(actors=False):
+        pass
+    assert waits == []
+    with pytest.raises(KeyError), release.released(actors=False):
+        raise KeyError("a failed run")
+    assert waits == ["w", "w"]
+    with release.released(actors=True):
+        pass
+    assert waits == ["w"] * 4
+
+
 @pytest.mark.timeout(240)  # the engine waits up to 70 s per run for its actors to go
 def test_ray_run_gives_its_cpus_back(ray_session: Any, taxi_dir: Path) -> None:
     # Otherwise the next run in this process (a notebook) finds CPUs taken: its reads
