@@ -389,3 +389,46 @@ def test_a_ray_actor_runs_on_the_planned_threads_not_its_cpu_token(
         job.run()
         out = pq.read_table(tmp_path / f"out-{threads}")
         assert set(out.column("m_threads").to_pylist()) == {threads}
+
+
+@pytest.mark.timeout(120)
+def test_two_torch_models_in_one_local_job_each_keep_their_threads() -> None:
+    """torch keeps its thread setting per thread, so each replica sets its model's on the
+    thread that calls it: two models on 2 cores get one thread each; one of ``cpus: 2``
+    beside one of ``cpus: 1`` get 2 and 1 (the shares of 3 CPUs on 2 cores, whole), also
+    when a timeout makes another thread call the model. Before, both ran on what was set
+    last anywhere in the process."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    import chute
+
+    table = pa.table({"x": np.arange(4_000, dtype=np.float64)})
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # what a user's code elsewhere in the process set
+        for resources, expected, timeout in (
+            ((None, None), (1, 1), None),
+            ((2.0, 1.0), (2, 1), None),
+            ((2.0, 1.0), (2, 1), 60.0),
+        ):
+            models = [
+                Model(
+                    name,
+                    TorchThreads,
+                    inputs=["x"],
+                    batch_format="numpy",
+                    batch_size=500,
+                    resources=Resources(cpus=cpus),
+                    timeout=timeout,
+                )
+                for name, cpus in zip(("a", "b"), resources, strict=True)
+            ]
+            assert local_threads(models, cores=2) == list(expected)
+            report = chute.Job(chute.TableSource(table), tuple(models), engine="local").run()
+            assert report.result is not None
+            seen = [set(report.result.column(f"{m}_threads").to_pylist()) for m in "ab"]
+            assert seen == [{expected[0]}, {expected[1]}], (resources, timeout)
+    finally:
+        torch.set_num_threads(before)

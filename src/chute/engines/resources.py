@@ -362,8 +362,9 @@ def local_threads(models: Sequence[Model], cores: int | None = None) -> list[int
     machine's cores shared among every model's replicas, as :func:`plan_threads` does for
     a cluster (two torch models on 2 cores: one thread each, not two each on two cores).
 
-    torch's setting is process-wide: where models differ, the last replica to load sets it
-    for all (each model's adapter asks for its own, the sum never above the cores)."""
+    Each replica sets its model's on the thread that calls the model (torch keeps the
+    setting per thread: :func:`chute.models.base.torch_threads`), a class or function of
+    the user's as well as an adapter, so two torch models keep their own."""
     cores = cores or os.cpu_count() or 1
     sizes = [local_replicas(m, cores) for m in models]
     cpus = [m.resources.cpus or 1.0 for m in models]

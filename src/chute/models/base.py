@@ -62,6 +62,14 @@ def limit_threads(threads: int) -> None:
     ``OMP_NUM_THREADS=1`` for one CPU or less)."""
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
+    torch_threads(threads)
+
+
+def torch_threads(threads: int) -> None:
+    """torch's intra-op threads for the calling thread, if torch is loaded. torch keeps
+    the setting per thread (OpenMP's, and MKL's with it): a thread that never set it takes
+    the last value set anywhere, the first time it computes. So each model's replica sets
+    its own on the thread that calls it, and two models in one process keep their own."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from chute.deadline import BatchTimeout, Caller
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import AUTO_BATCH_ROWS, DEFAULT_BATCH_ROWS, BatchFormat, Model
 from chute.models import AdapterSpec, ReplicaContext
-from chute.models.base import PREPARED, ROW
+from chute.models.base import PREPARED, ROW, torch_threads
 from chute.oom import is_out_of_memory
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
@@ -206,10 +207,11 @@ class ModelStage:
     def _call(self, batch: Any) -> Any:
         """The model's outputs for ``batch``; past the timeout, :class:`BatchTimeout` and a
         freshly loaded replica for the next call."""
+        fn = self._fn if self._threads is None else partial(_with_threads, self._threads, self._fn)
         if self._caller is None or self.timeout is None:
-            return self._fn(batch)
+            return fn(batch)
         try:
-            return self._caller.call(self._fn, batch, self.timeout)
+            return self._caller.call(fn, batch, self.timeout)
         except BatchTimeout:
             self._caller.close()  # its thread ends if the hung call ever returns
             self._fn = self._reload()
@@ -411,3 +413,10 @@ def _nbytes(view: pa.Table, inputs: list[str], lo: int, hi: int, out: dict[str, 
     """Bytes of a call's input columns and its outputs, as Arrow holds them."""
     held = view.slice(lo, hi - lo).select(inputs).nbytes
     return int(held + sum(array.nbytes for array in out.values()))
+
+
+def _with_threads(threads: int, fn: Callable[[Any], Any], batch: Any) -> Any:
+    """``fn(batch)`` with the replica's torch threads set on the thread that runs it (the
+    replica's own, or the one that calls it with a timeout)."""
+    torch_threads(threads)
+    return fn(batch)
