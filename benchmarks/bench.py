@@ -14,8 +14,9 @@ an in-memory DataFrame, MiniLM sentence embeddings — each run as:
 
 Every run writes Parquet, and its output row count is checked. Times are wall-clock,
 model loading included (except for ``model alone``). Memory is the peak RSS of this
-process and all its descendants (Ray's included), sampled every 0.1 s with psutil, as the
-increase over the level just before the run; CPU time is that of the same process tree.
+process and all its descendants (Ray's included), sampled with psutil every 5 ms (Ray's
+variants: 0.1 s), as the increase over the level just before the run; CPU time is that of
+the same process tree.
 For chute, ``pipeline s`` is the report's ``wall_seconds`` (planning to the last commit,
 without writing report.json/report.html). Ray is started once, before the first Ray run;
 its start-up is timed on its own and excluded.
@@ -182,14 +183,27 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+LOCAL_PERIOD = 0.005
+"""Seconds between memory samples of a variant in this process: its runs last a fraction of
+a second, and at 0.1 s a peak was caught or missed by chance (MLP peaks of one build moved
+from 45 to 104 MiB between runs)."""
+RAY_PERIOD = 0.1
+"""The same for Ray's variants: a sample walks every Ray process, which would cost CPU."""
+
+
 def measure(
-    workload: str, variant: str, fn: Callable[[str], Any], out: str, expected: int
+    workload: str,
+    variant: str,
+    fn: Callable[[str], Any],
+    out: str,
+    expected: int,
+    period: float = RAY_PERIOD,
 ) -> Result:
     """One run of ``fn(out)``, from an empty ``out``; its output rows are checked."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     release_memory()
-    with Sampler() as sampler:
+    with Sampler(period) as sampler:
         started = time.perf_counter()
         returned = fn(out)
         seconds = time.perf_counter() - started
@@ -209,7 +223,11 @@ def measure(
 
 
 def run_all(
-    workload: Workload, variants: dict[str, Callable[[str], Any]], base: str, repeat: int
+    workload: Workload,
+    variants: dict[str, Callable[[str], Any]],
+    base: str,
+    repeat: int,
+    period: float = RAY_PERIOD,
 ) -> list[Result]:
     """Each variant ``repeat`` times, interleaved (so a change in the machine's load hits
     them alike); every run, for :func:`summarize` to take the median of."""
@@ -217,7 +235,7 @@ def run_all(
     for _ in range(repeat):
         for variant, fn in variants.items():
             out = os.path.join(base, workload.name, variant.replace(" ", "-"))
-            runs.append(measure(workload.name, variant, fn, out, workload.rows))
+            runs.append(measure(workload.name, variant, fn, out, workload.rows, period))
     return runs
 
 
@@ -945,7 +963,7 @@ def main(argv: list[str] | None = None) -> list[Summary]:
     results: list[Result] = []
     outputs = os.path.join(args.out, "results")
     for w in workloads:  # everything without Ray first, so no idle Ray process is counted
-        results += run_all(w, w.local, outputs, args.repeat)
+        results += run_all(w, w.local, outputs, args.repeat, LOCAL_PERIOD)
     ray_start = None
     if not args.no_ray and any(w.ray for w in workloads):
         ray_start = start_ray()

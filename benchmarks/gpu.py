@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{bench.header(args)}\n{gpu} · torch {torch.__version__}", flush=True)
     w = workload(args)
     outputs = os.path.join(args.out, "results")
-    results = bench.run_all(w, w.local, outputs, args.repeat)
+    results = bench.run_all(w, w.local, outputs, args.repeat, bench.LOCAL_PERIOD)
     ray_start = None
     if not args.no_ray:
         ray_start = bench.start_ray()
