@@ -456,6 +456,19 @@ def test_two_input_columns_are_refused(classifier: str) -> None:
         chute.predict(table, model, engine="local")
 
 
+def test_sentence_transformers_two_input_columns_are_refused() -> None:
+    """Tokenized or not, the model takes one text column: two are an error that says so."""
+    table = texts_table().append_column("other", pa.array(SENTENCES))
+    model = chute.Model(
+        "m",
+        adapter("sentence-transformers", path=minilm_dir()),
+        inputs=["text", "other"],
+        on_error="quarantine",
+    )
+    with pytest.raises(chute.ModelError, match=r"takes one text column.*inputs: \[<text column>\]"):
+        chute.predict(table, model, engine="local")
+
+
 def test_image_classification_from_an_image_folder(vit: str, tmp_path: Path) -> None:
     """The image source's decoded ``(H, W, C)`` tensors feed the classifier."""
     from PIL import Image

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError
-from chute.models.base import Adapter, ReplicaContext, prepared_columns
+from chute.models.base import PREPARED, Adapter, ReplicaContext, prepared_columns
 from chute.models.common import rename, renamed
 from chute.models.torchmodel import check_options, fixed_size_list, pad_lists
 
@@ -156,7 +156,8 @@ class SentenceTransformersAdapter(Adapter):
         return Tokenize(model, options)
 
     def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
-        texts = text_column(batch.select([0]), self.context.model)
+        inputs = [name for name in batch.column_names if not name.startswith(PREPARED)]
+        texts = text_column(batch.select(inputs), self.context.model)
         columns = prepared_columns(batch)
         if columns and "input_ids" in columns and self._tokens_match(texts, columns):
             embeddings = self._embed(columns)
