@@ -69,15 +69,12 @@ def _tokenizer(path: str) -> tuple[Any, int, bool] | None:
         folder = root / str(first.get("path", ""))
         config = json.loads((folder / "sentence_bert_config.json").read_text())
         prompts = root / "config_sentence_transformers.json"
-        default_prompt = (
-            json.loads(prompts.read_text()).get("default_prompt_name")
-            if (prompts.exists())
-            else None
-        )
+        settings = json.loads(prompts.read_text()) if prompts.exists() else {}
+        prompt = settings.get("default_prompt_name")  # encode would prepend it
     except (OSError, ValueError, LookupError, AttributeError):
         return None
     length = config.get("max_seq_length")
-    if not str(first.get("type", "")).endswith(".Transformer") or not length or default_prompt:
+    if not str(first.get("type", "")).endswith(".Transformer") or not length or prompt:
         return None
     offline_hub()
     import transformers
@@ -90,7 +87,8 @@ class Tokenize:
     """The CPU step: the text column to token ids, unpadded (``input_ids`` and, where the
     tokenizer makes them, ``token_type_ids``: int32 lists), or nothing for a model it
     cannot tokenize for (the replica then encodes the text itself). Picklable: the
-    tokenizer loads on first use in each process."""
+    tokenizer loads on first use in each process. A batch it raises on (a tokenizer two
+    threads call at once can refuse one) goes on as text, and the replica encodes it."""
 
     def __init__(self, model: str, options: Mapping[str, Any]) -> None:
         self.model = model
