@@ -456,6 +456,57 @@ def test_two_input_columns_are_refused(classifier: str) -> None:
         chute.predict(table, model, engine="local")
 
 
+LOADING_RACE = """
+import sys, threading
+import pyarrow as pa
+from chute.models import ReplicaContext
+from chute.models.sbert import SentenceTransformersAdapter, Tokenize
+
+path = sys.argv[1]
+table = pa.table({"text": ["a sentence about nothing much"] * 50})
+errors, prepared = [], []
+
+def step():
+    try:
+        prepared.append(bool(Tokenize("emb", {"path": path})(table)))
+    except Exception as exc:
+        errors.append(repr(exc))
+
+def replica():
+    try:
+        SentenceTransformersAdapter(ReplicaContext("emb"), path=path)
+    except Exception as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=f) for f in (replica, step, step, step)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors, prepared)
+assert not errors and prepared == [True] * 3
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_cpu_step_and_the_replica_load_at_once_in_a_fresh_process() -> None:
+    """The local engine starts a model's CPU step and its replica together, and neither
+    has imported transformers yet: the imports of one must not hand the other a module
+    not yet filled in (the step then failed its first batches: "module 'transformers'
+    has no attribute 'AutoTokenizer'", and they went to the replica as text)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LOADING_RACE, minilm_dir()],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_sentence_transformers_two_input_columns_are_refused() -> None:
     """Tokenized or not, the model takes one text column: two are an error that says so."""
     table = texts_table().append_column("other", pa.array(SENTENCES))

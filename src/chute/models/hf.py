@@ -49,7 +49,7 @@ from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns
 from chute.models.common import rename
-from chute.models.sbert import offline_hub
+from chute.models.sbert import LOADING, offline_hub
 from chute.models.torchmodel import DTYPES, check_options, fixed_size_list, pad_lists
 
 TASKS = (
@@ -104,11 +104,12 @@ def check_task(options: Mapping[str, Any]) -> str:
 def _processor(path: str, task: str) -> Any:
     """The tokenizer (or image processor), once per process and model directory."""
     offline_hub()
-    import transformers
+    with LOADING:
+        import transformers
 
-    if task == "image-classification":
-        return transformers.AutoImageProcessor.from_pretrained(path)  # type: ignore[no-untyped-call]
-    return transformers.AutoTokenizer.from_pretrained(path)
+        if task == "image-classification":
+            return transformers.AutoImageProcessor.from_pretrained(path)  # type: ignore[no-untyped-call]
+        return transformers.AutoTokenizer.from_pretrained(path)
 
 
 class Prepare:
@@ -204,20 +205,21 @@ class TransformersAdapter(Adapter):
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         super().__init__(context, **options)
         offline_hub()
-        import torch
-        import transformers
-
         self.prepare = Prepare(context.model, options)
         self.task = self.prepare.task
         self.batch_size = int(options.get("batch_size", 32))
         dtype = options.get("dtype", "float32")
         if dtype not in DTYPES:
             raise ConfigError(f"model {context.model!r}: dtype {dtype!r} is not one of {DTYPES}.")
-        if context.device == "cpu":
-            torch.set_num_threads(context.threads)
-        self.device = torch.device(context.device)
-        cls = getattr(transformers, MODEL_CLASSES[self.task])
-        model = cls.from_pretrained(self.prepare.path).to(self.device, getattr(torch, dtype))
+        with LOADING:  # beside the CPU step, which loads the tokenizer at the same time
+            import torch
+            import transformers
+
+            if context.device == "cpu":
+                torch.set_num_threads(context.threads)
+            self.device = torch.device(context.device)
+            cls = getattr(transformers, MODEL_CLASSES[self.task])
+            model = cls.from_pretrained(self.prepare.path).to(self.device, getattr(torch, dtype))
         self.model = model.eval()
         self.processor = _processor(self.prepare.path, self.task)
 

@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +41,13 @@ from chute.models.torchmodel import check_options, fixed_size_list, pad_lists
 log = logging.getLogger(__name__)
 CHECKED_ROWS = 64
 """Rows of its first prepared batch that a replica tokenizes again itself, to compare."""
+
+
+LOADING = threading.RLock()
+"""Held while a Hugging Face library is imported or a model or tokenizer loads. Its lazy
+modules, imported by two threads at once (a replica and the CPU step beside it), handed
+one of them a module not yet filled in (``module 'transformers' has no attribute
+'AutoTokenizer'``), and the step's first batches went to the replica as text."""
 
 
 def offline_hub() -> None:
@@ -77,9 +85,10 @@ def _tokenizer(path: str) -> tuple[Any, int, bool] | None:
     if not str(first.get("type", "")).endswith(".Transformer") or not length or prompt:
         return None
     offline_hub()
-    import transformers
+    with LOADING:
+        import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
     return tokenizer, int(length), bool(config.get("do_lower_case", False))
 
 
@@ -132,17 +141,19 @@ class SentenceTransformersAdapter(Adapter):
     def __init__(self, context: ReplicaContext, **options: Any) -> None:
         super().__init__(context, **options)
         offline_hub()
-        import torch
-        from sentence_transformers import SentenceTransformer
-
         if "path" not in options:
             raise ConfigError(
                 f"model {context.model!r} (sentence-transformers): give `path`, the model "
                 "directory."
             )
-        if context.device == "cpu":
-            torch.set_num_threads(context.threads)
-        self.model = SentenceTransformer(local_path(str(options["path"])), device=context.device)
+        path = local_path(str(options["path"]))
+        with LOADING:
+            import torch
+            from sentence_transformers import SentenceTransformer
+
+            if context.device == "cpu":
+                torch.set_num_threads(context.threads)
+            self.model = SentenceTransformer(path, device=context.device)
         self.normalize = bool(options.get("normalize", False))
         self.batch_size = int(options.get("batch_size", 64))
         self.tokens_match: bool | None = None
