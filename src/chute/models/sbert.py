@@ -96,8 +96,8 @@ class Tokenize:
     """The CPU step: the text column to token ids, unpadded (``input_ids`` and, where the
     tokenizer makes them, ``token_type_ids``: int32 lists), or nothing for a model it
     cannot tokenize for (the replica then encodes the text itself). Picklable: the
-    tokenizer loads on first use in each process. A batch it raises on (a tokenizer two
-    threads call at once can refuse one) goes on as text, and the replica encodes it."""
+    tokenizer loads on first use in each process (under :data:`LOADING`). A batch it
+    raises on goes on as text, and the replica encodes it."""
 
     def __init__(self, model: str, options: Mapping[str, Any]) -> None:
         self.model = model
