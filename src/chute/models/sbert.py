@@ -70,8 +70,9 @@ def text_column(batch: pa.Table, model: str) -> list[str]:
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str) -> tuple[Any, int, bool] | None:
     """(tokenizer, max_seq_length, do_lower_case) of the model's first module when it is a
-    text transformer whose length is written down; ``None`` otherwise. Once per process."""
-    root = Path(path)
+    text transformer whose length is written down; ``None`` otherwise. Once per process
+    and ``path`` (a remote one is listed and fetched here, not for every batch)."""
+    root = Path(local_path(path))
     try:
         first = json.loads((root / "modules.json").read_text())[0]
         folder = root / str(first.get("path", ""))
@@ -104,7 +105,7 @@ class Tokenize:
         self.path = str(options["path"])
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Array]:
-        found = _tokenizer(local_path(self.path))
+        found = _tokenizer(self.path)
         if found is None:
             return {}
         tokenizer, length, lower = found
