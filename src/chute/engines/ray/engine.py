@@ -231,10 +231,13 @@ class RayEngine:
         pre = plan.preprocess
         if pre is not None:
             spec = replace(pre.spec, fn=portable(pre.spec.fn, self.shipped))
+            fn = None if isinstance(spec.fn, str) else ray.put(spec.fn)
+            if fn is not None:
+                spec = replace(spec, fn="<object store>")
             # Unset copies: no limit, so Ray fuses the step into the read tasks.
             limit = {} if pre.copies is None else {"concurrency": pre.copies}
             dataset = dataset.map_batches(
-                PreprocessTask(spec, list(pre.inputs), list(pre.protected)),
+                PreprocessTask(spec, list(pre.inputs), list(pre.protected), fn),
                 batch_size=None,
                 batch_format="pyarrow",
                 num_cpus=reads if pre.copies is None else pre.cpus_each,

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from chute.engines import carried
-from chute.errors import ChuteError
+from chute.errors import ChuteError, ConfigError
 from chute.job import AUTO_MAX_ROWS, Model, Preprocess
 from chute.job.spec import DEFAULT_FILE_SIZE
 from chute.models.base import limit_threads
@@ -20,6 +20,7 @@ from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
 from chute.sources import Unit
 from chute.stages import ModelStage, PrepareStage, PreprocessStage
+from chute.usercode import forget_interrupted_imports
 
 
 class UnitDatasource:
@@ -154,12 +155,17 @@ def _joined(tables: Iterator[pa.Table], most: int) -> Iterator[pa.Table]:
 
 
 class PreprocessTask:
-    """Preprocess as a stateless task function (Ray fuses it into the read tasks)."""
+    """Preprocess as a stateless task function (Ray fuses it into the read tasks); a
+    function given as an object comes through the object store (see :func:`shipped`)."""
 
-    def __init__(self, spec: Preprocess, inputs: list[str], carryover: list[str]) -> None:
-        self.spec, self.inputs, self.carryover = spec, inputs, carryover
+    def __init__(
+        self, spec: Preprocess, inputs: list[str], carryover: list[str], fn: Any = None
+    ) -> None:
+        self.spec, self.inputs, self.carryover, self.fn = spec, inputs, carryover, fn
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        if self.fn is not None:  # once per task: the instance is unpickled with it
+            self.spec, self.fn = replace(self.spec, fn=shipped(self.fn, "the preprocess fn")), None
         stage = PreprocessStage(self.spec, self.inputs, self.carryover)
         return carried.carry(stage(table), "preprocess", stage.clock.busy)
 
@@ -209,8 +215,8 @@ class ModelActor:
             self.stage = ModelStage(
                 model,
                 inputs,
-                target=ray.get(target) if target is not None else None,
-                ctor=ray.get(ctor) if ctor is not None else None,
+                target=shipped(target, f"model {model.name!r}") if target is not None else None,
+                ctor=shipped(ctor, f"the arguments of model {model.name!r}") if ctor else None,
                 threads=threads,
                 rows=rows,
             )
@@ -252,6 +258,50 @@ class ModelActor:
         units = records.column("unit").to_pylist()
         records = records.append_column(carried.AGAIN, pa.array([u in again for u in units]))
         return records.append_column(carried.NODE, pa.array([self.node] * records.num_rows))
+
+
+def shipped(ref: Any, what: str) -> Any:
+    """A user object the driver put in the object store (a model's class or function, its
+    arguments, a preprocess function), loaded by chute in this worker rather than by Ray.
+
+    Ray Data retries a task whose code raises ``RaySystemError``, forever, and that is
+    what a failed unpickling raises: a model whose module the workers cannot import hung
+    the job, Ray's tracebacks going to its log. Loaded here, the failure is a
+    :class:`~chute.errors.ConfigError` that stops the run and says what to do. A process
+    that an interrupted import left half-loaded (a task Ray cancelled while it imported,
+    in an earlier run) forgets the leftovers and loads once more
+    (:func:`~chute.usercode.forget_interrupted_imports`).
+    """
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RaySystemError as exc:
+        error: BaseException = exc
+    if forget_interrupted_imports():
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RaySystemError as exc:
+            error = exc
+    cause = getattr(error, "client_exc", None)
+    cause = cause if isinstance(cause, BaseException) else error
+    raise ConfigError(_unloadable(what, cause, ray.util.get_node_ip_address())) from cause
+
+
+def _unloadable(what: str, cause: BaseException, node: str) -> str:
+    if isinstance(cause, ModuleNotFoundError):
+        return (
+            f"{what} cannot be loaded on the Ray worker at {node}: it needs the module "
+            f"{cause.name!r}, which is not importable there. Ray's workers import the "
+            "modules of the code they are sent by name: install the module on every node, "
+            "or ship it with the job (runtime_env={'working_dir': '<its folder>'} or "
+            "{'py_modules': ['<its folder>']}; see docs/cluster.md)."
+        )
+    return (
+        f"{what} cannot be loaded on the Ray worker at {node}: importing its code there "
+        f"raised {type(cause).__name__}: {cause}. The workers must import the same code "
+        "and packages as this process; check what differs on that node."
+    )
 
 
 _replicas: dict[tuple[str, str], ModelActor] = {}
