@@ -9,17 +9,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from chute.engines import carried
-from chute.errors import ChuteError, ConfigError
+from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import AUTO_MAX_ROWS, Model, Preprocess
 from chute.job.spec import DEFAULT_FILE_SIZE
 from chute.models.base import limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
 from chute.sources import Unit
-from chute.stages import ModelStage, PrepareStage, PreprocessStage
+from chute.stages import KEY, ModelStage, PrepareStage, PreprocessStage, rows
 from chute.usercode import forget_interrupted_imports
 
 
@@ -113,6 +114,7 @@ class ReadUnits:
         self.reader, self.units = reader, tuple(units)
 
     def __call__(self) -> Iterator[pa.Table]:
+        check_runs([unit.index for unit in self.units])
         tables = self._tables()
         if len(self.units) == 1:  # a unit alone: blocks of up to BLOCK_BYTES
             yield from _joined(tables, BLOCK_BYTES)
@@ -132,6 +134,31 @@ class ReadUnits:
             for batch in self.reader(unit):
                 yield carried.mark(carried.carry(batch, "read", time.perf_counter() - began))
                 began = time.perf_counter()
+
+
+MOST_RUNS = 4
+"""Runs of one task whose worker died before it finished (a crash, the process killed)
+after which the run stops: Ray Data would run it again forever, as long as the process
+dies (Ray Core's own default is 4 runs, 3 retries)."""
+
+
+def check_runs(units: list[int]) -> None:
+    """Stop, naming the units, a task Ray has run :data:`MOST_RUNS` times already: each
+    run ended with its worker gone. Called first in a task (a read, or a model actor's
+    batch), where :func:`~chute.engines.carried.attempt` counts the runs before."""
+    runs = carried.attempt()
+    if runs < MOST_RUNS or not units:
+        return
+    more = f" (and {len(units) - 1:,} other unit(s) of its task)" if len(units) > 1 else ""
+    raise ModelError(
+        f"Ray ran the task of unit {units[0]}{more} {runs} times and its worker process "
+        "died every time before it finished: a crash in native code (the model, a "
+        "framework, a reader), os._exit, or the process killed for its memory. Ray's "
+        "workers log why in the Ray session's logs folder (/tmp/ray/session_latest/logs "
+        "on each node). The units committed are kept: fix the cause and run the job again "
+        "to resume.",
+        unit=units[0],
+    )
 
 
 BLOCK_BYTES = DEFAULT_FILE_SIZE
@@ -232,6 +259,8 @@ class ModelActor:
     def __call__(self, block: pa.Table) -> pa.Table:
         if self.failed is not None:
             raise self.failed
+        if KEY in block.column_names:
+            check_runs(np.unique(rows.decode(block.column(KEY).to_numpy())[0]).tolist())
         # whole batches a piece: a fixed batch size's calls stay full across pieces
         step = self.rows * max(1, AUTO_MAX_ROWS // self.rows)
         starts = range(0, max(block.num_rows, 1), step)

@@ -1,10 +1,11 @@
-"""User code on Ray's workers: code they cannot load stops the run with what to do (Ray
-would retry its tasks forever), and a worker that an interrupted import left half-loaded
-loads it after all."""
+"""What Ray would retry forever, stopped: user code its workers cannot load stops the run
+with what to do, a worker that an interrupted import left half-loaded loads it after all,
+and a task whose worker dies at every run stops the run naming its unit."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 import uuid
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import chute
-from chute.errors import ConfigError
+from chute.errors import ConfigError, ModelError
 from chute.usercode import forget_interrupted_imports
 
 ROWS = 400
@@ -63,6 +64,8 @@ def _import_from(folder: str, name: str) -> float:
     """Import package ``name`` from ``folder`` (a worker has it not on its path)."""
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    if name not in sys.modules and f"{name}.sub" in sys.modules:
+        Path(folder, "met-half-loaded").touch()  # the test checks that a worker met it
     return float(importlib.import_module(name).FACTOR)
 
 
@@ -202,5 +205,55 @@ def test_a_worker_an_interrupted_import_left_half_loaded_loads_the_model_after_a
     with pytest.raises(ConfigError, match="importing its code there raised RuntimeError"):
         job().run()
     arm.unlink()
+    (job_dir / "code" / "met-half-loaded").unlink(missing_ok=True)  # run 1's later tasks
     job().run()  # the same workers: each meets 'partially initialized module' first
+    assert (job_dir / "code" / "met-half-loaded").exists()
+    _exactly_once(job_dir / "out")
+
+
+class CrashOn150:
+    """Ends its worker process (as a segfault would) on the batch holding id 150, while
+    the file ``arm`` exists."""
+
+    def __init__(self, arm: str) -> None:
+        self.arm = arm
+
+    def __call__(self, batch: pa.Table) -> np.ndarray:
+        if 150 in batch["id"].to_pylist() and os.path.exists(self.arm):
+            os._exit(3)
+        return np.asarray(batch["x"]) * 2.0
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("pool", [None, 1], ids=["fused", "actor"])
+def test_a_task_whose_worker_dies_at_every_run_stops_the_run_naming_its_unit(
+    pool: int | None, job_dir: Path, ray_session: Any
+) -> None:
+    arm = job_dir / "arm"
+    arm.touch()
+
+    def job() -> chute.Job:
+        model = chute.Model(
+            "m",
+            CrashOn150,
+            inputs=("id", "x"),
+            kwargs={"arm": str(arm)},
+            pool=chute.Pool() if pool is None else chute.Pool.fixed(pool),
+        )
+        return chute.Job(
+            source=chute.FileSource(str(job_dir / "in")),
+            models=(model,),
+            carryover=("id",),
+            output=chute.Sink(str(job_dir / "out")),
+            engine="ray",
+        )
+
+    with pytest.raises(ModelError) as info:
+        job().run()
+    assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
+    assert f"unit 1 is {job_dir / 'in' / 'p1.parquet'}" in str(info.value)
+    assert info.value.exit_code == 4
+    arm.unlink()
+    job().run()  # resumes: every row once
     _exactly_once(job_dir / "out")
