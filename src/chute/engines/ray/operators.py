@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -114,7 +114,7 @@ class ReadUnits:
         self.reader, self.units = reader, tuple(units)
 
     def __call__(self) -> Iterator[pa.Table]:
-        check_runs([unit.index for unit in self.units])
+        check_runs(lambda: [unit.index for unit in self.units])
         tables = self._tables()
         if len(self.units) == 1:  # a unit alone: blocks of up to BLOCK_BYTES
             yield from _joined(tables, BLOCK_BYTES)
@@ -142,12 +142,15 @@ after which the run stops: Ray Data would run it again forever, as long as the p
 dies (Ray Core's own default is 4 runs, 3 retries)."""
 
 
-def check_runs(units: list[int]) -> None:
+def check_runs(units_of_task: Callable[[], list[int]]) -> None:
     """Stop, naming the units, a task Ray has run :data:`MOST_RUNS` times already: each
     run ended with its worker gone. Called first in a task (a read, or a model actor's
     batch), where :func:`~chute.engines.carried.attempt` counts the runs before."""
     runs = carried.attempt()
-    if runs < MOST_RUNS or not units:
+    if runs < MOST_RUNS:
+        return
+    units = units_of_task()
+    if not units:
         return
     more = f" (and {len(units) - 1:,} other unit(s) of its task)" if len(units) > 1 else ""
     raise ModelError(
@@ -159,6 +162,12 @@ def check_runs(units: list[int]) -> None:
         "to resume.",
         unit=units[0],
     )
+
+
+def _units_of(block: pa.Table) -> list[int]:
+    if KEY not in block.column_names:
+        return []
+    return [int(u) for u in np.unique(rows.decode(block.column(KEY).to_numpy())[0])]
 
 
 BLOCK_BYTES = DEFAULT_FILE_SIZE
@@ -259,8 +268,7 @@ class ModelActor:
     def __call__(self, block: pa.Table) -> pa.Table:
         if self.failed is not None:
             raise self.failed
-        if KEY in block.column_names:
-            check_runs(np.unique(rows.decode(block.column(KEY).to_numpy())[0]).tolist())
+        check_runs(lambda: _units_of(block))
         # whole batches a piece: a fixed batch size's calls stay full across pieces
         step = self.rows * max(1, AUTO_MAX_ROWS // self.rows)
         starts = range(0, max(block.num_rows, 1), step)
