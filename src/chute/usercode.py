@@ -154,13 +154,14 @@ def forget_interrupted_imports() -> list[str]:
     """Forget the modules an interrupted import left in ``sys.modules``; their names.
 
     An import that raises (or is interrupted: Ray cancels a running task by raising
-    ``KeyboardInterrupt`` in it) drops the package it was running from ``sys.modules`` but
-    keeps the submodules that package had finished importing. The package's next import
-    then runs against those: Python finds them loaded and never sets them as the
-    package's attributes, so ``fsspec/__init__.py`` fails on ``fsspec.utils`` ("partially
-    initialized module 'fsspec' has no attribute 'utils'") in every later import in that
-    process. A module whose package is not loaded is such a leftover (a healthy process
-    has none); forgotten, it is imported afresh with its package.
+    ``KeyboardInterrupt`` in it, wherever it is) drops the package it was running from
+    ``sys.modules`` but keeps the submodules that package had finished importing. The
+    package's next import then runs against those: Python finds them loaded and never
+    sets them as the package's attributes, so ``fsspec/__init__.py`` fails on
+    ``fsspec.utils`` ("partially initialized module 'fsspec' has no attribute 'utils'") in
+    every later import in that process. A module whose package is not loaded is such a
+    leftover (a healthy process has none); forgotten, it is imported afresh with its
+    package.
     """
     leftovers = [
         name

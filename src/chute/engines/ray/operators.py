@@ -248,11 +248,15 @@ class ModelActor:
         self.failed: ChuteError | None = None
         limit_threads(threads)  # before the model's libraries load: they read it once
         try:
+            if target is not None:
+                target = shipped(target, f"model {model.name!r}")
+            if ctor is not None:
+                ctor = shipped(ctor, f"the arguments of model {model.name!r}")
             self.stage = ModelStage(
                 model,
                 inputs,
-                target=shipped(target, f"model {model.name!r}") if target is not None else None,
-                ctor=shipped(ctor, f"the arguments of model {model.name!r}") if ctor else None,
+                target=target,
+                ctor=ctor,
                 threads=threads,
                 rows=rows,
             )
