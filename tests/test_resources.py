@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -432,3 +438,55 @@ def test_two_torch_models_in_one_local_job_each_keep_their_threads() -> None:
             assert seen == [{expected[0]}, {expected[1]}], (resources, timeout)
     finally:
         torch.set_num_threads(before)
+
+
+MALLOC_PROBE = """
+import ctypes, json
+import chute
+from chute.stages import ModelStage
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Mallinfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+ModelStage(chute.Model("m", abs, inputs=["x"]), ["x"])  # a replica, as an engine builds it
+buffer = libc.malloc(16 * 1024 * 1024)  # a batch's activations
+mapped = libc.mallinfo2().hblkhd
+libc.free(buffer)
+print(json.dumps({"mapped": mapped, "kept": libc.mallinfo2().fordblks}))
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="tunes glibc's malloc: Linux with glibc only",
+)
+@pytest.mark.parametrize("tuning", ["1", "0"])
+def test_a_replica_lets_malloc_keep_a_batchs_big_buffers_for_the_next(
+    tuning: str, tmp_path: Path
+) -> None:
+    """Built in a fresh process, a replica sets glibc's thresholds: a 16 MiB buffer comes
+    from malloc's heap and stays there, free, when released, rather than being mapped and
+    unmapped (and faulted in again by the next batch). ``CHUTE_MALLOC_TUNING=0`` leaves
+    glibc's own behaviour, which maps it."""
+    env = {**os.environ, "CHUTE_MALLOC_TUNING": tuning}
+    done = subprocess.run(
+        [sys.executable, "-c", MALLOC_PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    mib = 1024 * 1024
+    if tuning == "1":
+        assert seen["mapped"] < 4 * mib and seen["kept"] >= 16 * mib
+    else:
+        assert seen["mapped"] >= 16 * mib and seen["kept"] < 4 * mib

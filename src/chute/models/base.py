@@ -75,6 +75,46 @@ def torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024
+"""Buffers up to this size come from malloc's heaps, to be reused (glibc's largest)."""
+MALLOC_TRIM_THRESHOLD = 2 * MALLOC_MMAP_THRESHOLD
+"""Free memory a heap keeps for reuse before it gives memory back (glibc's own rule)."""
+_malloc_tuned = False
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc keep the big buffers a model frees, to reuse for the next batch
+    (once per process; ``CHUTE_MALLOC_TUNING=0`` leaves malloc as it is).
+
+    glibc maps a buffer above its threshold (128 KiB at first) from the kernel and unmaps
+    it when freed, so each batch's arrays (numpy's, torch's tensors) are mapped and
+    faulted in afresh, page by page. glibc raises the threshold by itself as big buffers
+    are freed, up to 32 MiB; these settings start from there (32 MiB, and 64 MiB of free
+    memory a heap keeps before it gives any back). Measured on the MLP example (1 M rows,
+    4 MiB batches, 27 MiB of activations a call), medians of 5 in fresh processes: on Ray,
+    where the model runs on the worker's main thread, 0.25 s → 0.19 s a run; on the local
+    engine no change, its models run on threads whose heaps (64 MiB at most, glibc's)
+    cannot keep two such calls' buffers. The cost: up to 64 MiB of free memory held per
+    heap. Arrow's buffers come from its own allocator and are not affected; nor is a C
+    library other than glibc.
+    """
+    global _malloc_tuned
+    if _malloc_tuned or os.environ.get("CHUTE_MALLOC_TUNING") == "0":
+        return
+    _malloc_tuned = True
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # pragma: no cover - a libc without mallopt
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    mallopt(m_mmap_threshold, MALLOC_MMAP_THRESHOLD)
+    mallopt(m_trim_threshold, MALLOC_TRIM_THRESHOLD)
+
+
 ROW = "__chute_row"
 """A column holding each row's place in the input (``unit << 40 | row``: the same for the
 same row in every run), handed to adapters whose class sets ``wants_rows = True``."""
