@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import textwrap
 import uuid
@@ -251,9 +252,50 @@ def test_a_task_whose_worker_dies_at_every_run_stops_the_run_naming_its_unit(
 
     with pytest.raises(ModelError) as info:
         job().run()
-    assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
-    assert f"unit 1 is {job_dir / 'in' / 'p1.parquet'}" in str(info.value)
+    if pool is None:  # the read task that holds the model: it names its unit
+        assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
+        assert f"unit 1 is {job_dir / 'in' / 'p1.parquet'}" in str(info.value)
+    else:  # Ray Data sends the batch again as a new task: the actor's restarts are counted
+        assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 5 times")
     assert info.value.exit_code == 4
     arm.unlink()
     job().run()  # resumes: every row once
     _exactly_once(job_dir / "out")
+
+
+class CrashAtStart:
+    """Ends its worker process (as a segfault would) while it loads."""
+
+    def __init__(self) -> None:
+        os._exit(3)
+
+    def __call__(self, batch: pa.Table) -> np.ndarray:  # pragma: no cover - never loads
+        return np.asarray(batch["x"])
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("pool", [None, 1], ids=["fused", "actor"])
+def test_a_model_whose_process_dies_as_it_loads_stops_the_run(
+    pool: int | None, job_dir: Path, ray_session: Any
+) -> None:
+    model = chute.Model(
+        "m",
+        CrashAtStart,
+        inputs=("x",),
+        pool=chute.Pool() if pool is None else chute.Pool.fixed(pool),
+    )
+    job = chute.Job(
+        source=chute.FileSource(str(job_dir / "in")),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(job_dir / "out")),
+        engine="ray",
+    )
+    with pytest.raises(ModelError) as info:
+        job.run()
+    if pool is None:  # the replica is built in the read task: its task dies
+        assert re.match(r"Ray ran the task of unit \d 4 times and its worker ", str(info.value))
+    else:
+        assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 5 times")
+    assert info.value.exit_code == 4

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from chute.engines import carried
@@ -20,7 +19,7 @@ from chute.models.base import limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
 from chute.sources import Unit
-from chute.stages import KEY, ModelStage, PrepareStage, PreprocessStage, rows
+from chute.stages import ModelStage, PrepareStage, PreprocessStage
 from chute.usercode import forget_interrupted_imports
 
 
@@ -142,10 +141,16 @@ after which the run stops: Ray Data would run it again forever, as long as the p
 dies (Ray Core's own default is 4 runs, 3 retries)."""
 
 
+MOST_RESTARTS = MOST_RUNS
+"""Restarts of a model's actor (in a pool) that Ray may make before the run stops: Ray
+Data would restart an actor that dies at every start, or at every batch, for ever (it
+sends the batch again as a new task, so :func:`check_runs` never counts it)."""
+
+
 def check_runs(units_of_task: Callable[[], list[int]]) -> None:
     """Stop, naming the units, a task Ray has run :data:`MOST_RUNS` times already: each
-    run ended with its worker gone. Called first in a task (a read, or a model actor's
-    batch), where :func:`~chute.engines.carried.attempt` counts the runs before."""
+    run ended with its worker gone. Called first in a read task (and so in the models
+    fused into it), where :func:`~chute.engines.carried.attempt` counts the runs before."""
     runs = carried.attempt()
     if runs < MOST_RUNS:
         return
@@ -162,12 +167,6 @@ def check_runs(units_of_task: Callable[[], list[int]]) -> None:
         "to resume.",
         unit=units[0],
     )
-
-
-def _units_of(block: pa.Table) -> list[int]:
-    if KEY not in block.column_names:
-        return []
-    return [int(u) for u in np.unique(rows.decode(block.column(KEY).to_numpy())[0])]
 
 
 BLOCK_BYTES = DEFAULT_FILE_SIZE
@@ -272,7 +271,6 @@ class ModelActor:
     def __call__(self, block: pa.Table) -> pa.Table:
         if self.failed is not None:
             raise self.failed
-        check_runs(lambda: _units_of(block))
         # whole batches a piece: a fixed batch size's calls stay full across pieces
         step = self.rows * max(1, AUTO_MAX_ROWS // self.rows)
         starts = range(0, max(block.num_rows, 1), step)
