@@ -114,6 +114,39 @@ def test_ray_tells_a_task_how_many_times_it_ran_before(ray_session: Any, tmp_pat
     assert ray.get(task.remote(str(tmp_path / "mark"))) == 0
 
 
+class _DiesTwice:
+    """An actor whose process dies at its first two starts; it says how often Ray
+    restarted it."""
+
+    def __init__(self, marker: str) -> None:
+        with open(marker, "a") as f:
+            f.write("x")
+        if os.path.getsize(marker) <= 2:
+            os._exit(1)
+
+    def restarts(self) -> int:
+        from chute.engines.ray.operators import restarts
+
+        return restarts()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_ray_tells_an_actor_how_many_times_it_was_restarted(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """chute stops a model whose actor dies at every start from Ray's restart count, read
+    from Ray's actor table (a private module): if that goes, this fails."""
+    import ray
+
+    from chute.engines.ray.operators import restarts
+
+    actor = ray.remote(max_restarts=-1, max_task_retries=-1)(_DiesTwice)
+    assert ray.get(actor.remote(str(tmp_path / "starts")).restarts.remote()) == 2
+    assert ray.get(actor.remote(str(tmp_path / "starts")).restarts.remote()) == 0
+    assert restarts() == 0  # not in an actor
+
+
 def test_the_report_names_the_units_computed_again() -> None:
     from chute.engines.ray import engine
 

@@ -82,11 +82,11 @@ class Factor:
 
 
 class Scale:
-    def __init__(self, factor: float) -> None:
-        self.factor = factor
+    def __init__(self, factor: float, column: str = "x") -> None:
+        self.factor, self.column = factor, column
 
     def __call__(self, batch: pa.Table) -> np.ndarray:
-        return np.asarray(batch["x"]) * self.factor
+        return np.asarray(batch[self.column]) * self.factor
 
 
 def test_an_interrupted_import_leaves_the_package_unimportable_until_forgotten(
@@ -255,8 +255,8 @@ def test_a_task_whose_worker_dies_at_every_run_stops_the_run_naming_its_unit(
     if pool is None:  # the read task that holds the model: it names its unit
         assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
         assert f"unit 1 is {job_dir / 'in' / 'p1.parquet'}" in str(info.value)
-    else:  # Ray Data sends the batch again as a new task: the actor's restarts are counted
-        assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 5 times")
+    else:  # Ray Data sends the batch again as a new task: its actor's restarts are counted
+        assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 4 times")
     assert info.value.exit_code == 4
     arm.unlink()
     job().run()  # resumes: every row once
@@ -297,5 +297,31 @@ def test_a_model_whose_process_dies_as_it_loads_stops_the_run(
     if pool is None:  # the replica is built in the read task: its task dies
         assert re.match(r"Ray ran the task of unit \d 4 times and its worker ", str(info.value))
     else:
-        assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 5 times")
+        assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 4 times")
     assert info.value.exit_code == 4
+
+
+def crash_on_150(batch: pa.Table) -> dict[str, np.ndarray]:
+    """A preprocess function that ends its worker process on the batch holding id 150."""
+    if 150 in batch["id"].to_pylist():
+        os._exit(3)
+    return {"y": np.asarray(batch["x"]) + 1.0}
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+def test_a_preprocess_task_of_its_own_whose_worker_dies_at_every_run_stops_the_run(
+    job_dir: Path, ray_session: Any
+) -> None:
+    """``cpus: 1`` runs the preprocess function as tasks of its own, not in the reads."""
+    job = chute.Job(
+        source=chute.FileSource(str(job_dir / "in")),
+        preprocess=chute.Preprocess(crash_on_150, inputs=("id", "x"), cpus=1),
+        models=(chute.Model("m", Scale, inputs=("y",), kwargs={"factor": 2.0, "column": "y"}),),
+        carryover=("id",),
+        output=chute.Sink(str(job_dir / "out")),
+        engine="ray",
+    )
+    with pytest.raises(ModelError) as info:
+        job.run()
+    assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")

@@ -11,7 +11,6 @@ from typing import Any
 
 from chute.engines import Commit, EngineOptions, carried
 from chute.engines.ray.operators import (
-    MOST_RESTARTS,
     ModelActor,
     ModelTask,
     ObjectStoreSource,
@@ -25,7 +24,7 @@ from chute.engines.ray.release import drop_frames, released
 from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable, ray_log
 from chute.engines.ray.watchdog import Stalled, Watchdog
 from chute.engines.resources import Cluster, StageResources, plan_stages, read_cpus
-from chute.errors import ChuteError, ModelError
+from chute.errors import ChuteError
 from chute.plan import Plan, Reader, StagePlan
 from chute.raydata import quiet_data
 from chute.report import StageStats
@@ -135,8 +134,6 @@ class RayEngine:
         """Run ``plan.pending`` on a plan made against the cluster as it is now (``whole``:
         each pool started at its largest size); ``None`` once all are done, or why the
         watchdog stopped the run to plan it again."""
-        import ray
-
         resources = self.resources(plan)
         if whole:
             resources = [replace(r, min=max(r.min, r.max)) for r in resources]
@@ -174,13 +171,6 @@ class RayEngine:
                 return watchdog.replan
             assert watchdog.error is not None
             raise watchdog.error from None
-        except ray.exceptions.RayActorError as exc:
-            if watchdog.replan is not None:  # its node was lost: the new plan starts anew
-                return watchdog.replan
-            stages = zip(plan.stages, resources, strict=True)
-            pooled = [stage.model.name for stage, res in stages if not res.fused]
-            log = "" if self.verbose else f" Ray's own messages: {ray_log()}."
-            raise ModelError(_died(pooled, log)) from exc
         finally:
             self._events += [f"lost node {lost}" for lost in watchdog.lost.values()]
         if watchdog.replan is not None:  # stopped, and Ray's iterator ended rather than raised
@@ -297,9 +287,7 @@ class RayEngine:
             args=(),
             kwargs={},
         )
-        # Ray Data restarts a pool's actor for ever: one that dies at every start (or every
-        # batch) would hang the run; after MOST_RESTARTS the batch fails instead.
-        remote_args: dict[str, Any] = {"num_cpus": res.cpus, "max_restarts": MOST_RESTARTS}
+        remote_args: dict[str, Any] = {"num_cpus": res.cpus}
         if res.gpus:
             remote_args["num_gpus"] = res.gpus
         if res.memory:
@@ -335,18 +323,6 @@ class RayEngine:
             compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
             **remote_args,
         )
-
-
-def _died(models: list[str], log: str) -> str:
-    """Why the run stopped when a model's actor died once more than Ray may restart it."""
-    which = " or ".join(repr(m) for m in models) or "a model"
-    return (
-        f"a replica of model {which} (a Ray actor) died {MOST_RESTARTS + 1} times, restarted "
-        "by Ray after each of the first: a crash in native code (the model, a framework), "
-        "os._exit, or the process killed for its memory. Ray's workers log why in the Ray "
-        f"session's logs folder (/tmp/ray/session_latest/logs on each node).{log} The units "
-        "committed are kept: fix the cause and run the job again to resume."
-    )
 
 
 def _again(plan: Plan, again: set[int]) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from chute.engines import carried
@@ -19,7 +20,7 @@ from chute.models.base import limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
 from chute.sources import Unit
-from chute.stages import ModelStage, PrepareStage, PreprocessStage
+from chute.stages import KEY, ModelStage, PrepareStage, PreprocessStage, rows
 from chute.usercode import forget_interrupted_imports
 
 
@@ -142,15 +143,40 @@ dies (Ray Core's own default is 4 runs, 3 retries)."""
 
 
 MOST_RESTARTS = MOST_RUNS
-"""Restarts of a model's actor (in a pool) that Ray may make before the run stops: Ray
-Data would restart an actor that dies at every start, or at every batch, for ever (it
-sends the batch again as a new task, so :func:`check_runs` never counts it)."""
+"""Restarts of a model's actor (in a pool) after which its next start stops the run: Ray
+Data restarts an actor that dies at every start, or at every batch, for ever (and sends
+the batch again as a new task, so :func:`check_runs` never counts it)."""
+
+
+def restarts() -> int:
+    """How many times Ray restarted the actor this runs in (0: its first start, or not in
+    an actor). From Ray's actor table (a private module: ``tests/test_carried.py`` checks
+    it is still there and counts)."""
+    import ray
+
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None or not context.was_current_actor_reconstructed:
+        return 0
+    from ray._private import state
+
+    return int(state.actors(context.get_actor_id()).get("NumRestarts", 0))
+
+
+def _died(model: str, times: int) -> str:
+    return (
+        f"a replica of model {model!r} (a Ray actor) died {times} times, restarted by Ray "
+        "after each: a crash in native code (the model, a framework), os._exit, or the "
+        "process killed for its memory. Ray's workers log why in the Ray session's logs "
+        "folder (/tmp/ray/session_latest/logs on each node). The units committed are "
+        "kept: fix the cause and run the job again to resume."
+    )
 
 
 def check_runs(units_of_task: Callable[[], list[int]]) -> None:
     """Stop, naming the units, a task Ray has run :data:`MOST_RUNS` times already: each
-    run ended with its worker gone. Called first in a read task (and so in the models
-    fused into it), where :func:`~chute.engines.carried.attempt` counts the runs before."""
+    run ended with its worker gone. Called first by each function chute runs as a task
+    (the read, and each step or model Ray fused into it or runs as tasks of their own),
+    where :func:`~chute.engines.carried.attempt` counts the runs before."""
     runs = carried.attempt()
     if runs < MOST_RUNS:
         return
@@ -167,6 +193,12 @@ def check_runs(units_of_task: Callable[[], list[int]]) -> None:
         "to resume.",
         unit=units[0],
     )
+
+
+def _units_of(table: pa.Table) -> list[int]:
+    if KEY not in table.column_names:
+        return []
+    return [int(u) for u in np.unique(rows.decode(table.column(KEY).to_numpy())[0])]
 
 
 BLOCK_BYTES = DEFAULT_FILE_SIZE
@@ -199,6 +231,7 @@ class PreprocessTask:
         self.spec, self.inputs, self.carryover, self.fn = spec, inputs, carryover, fn
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        check_runs(lambda: _units_of(table))
         if self.fn is not None:  # once per task: the instance is unpickled with it
             self.spec, self.fn = replace(self.spec, fn=shipped(self.fn, "the preprocess fn")), None
         stage = PreprocessStage(self.spec, self.inputs, self.carryover)
@@ -213,6 +246,7 @@ class PrepareTask:
         self.stage = stage
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        check_runs(lambda: _units_of(table))
         out = carried.carry(self.stage(table), f"{self.stage.name}.prepare", self.stage.clock.busy)
         self.stage.clock.busy = 0.0
         return out
@@ -245,6 +279,13 @@ class ModelActor:
         import ray
 
         self.failed: ChuteError | None = None
+        self.node = ray.util.get_node_ip_address()
+        self.writer = PartWriter(output) if output is not None else None
+        self.rows = rows
+        times = restarts()
+        if times >= MOST_RESTARTS:  # raised from a batch, as below
+            self.failed = ModelError(_died(model.name, times))
+            return
         limit_threads(threads)  # before the model's libraries load: they read it once
         try:
             if target is not None:
@@ -264,9 +305,6 @@ class ModelActor:
             # Raised here, it would kill the actor, and Ray hands the driver only the text of
             # a constructor's error; raised from a batch it arrives as the error it is.
             self.failed = exc
-        self.node = ray.util.get_node_ip_address()
-        self.writer = PartWriter(output) if output is not None else None
-        self.rows = rows
 
     def __call__(self, block: pa.Table) -> pa.Table:
         if self.failed is not None:
@@ -360,6 +398,7 @@ class ModelTask:
         self.key, self.actor = (run, stage), actor
 
     def __call__(self, block: pa.Table) -> pa.Table:
+        check_runs(lambda: _units_of(block))
         replica = _replicas.get(self.key)
         if replica is None:
             _drop([key for key in _replicas if key[0] != self.key[0]])
