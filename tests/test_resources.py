@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
@@ -440,53 +441,98 @@ def test_two_torch_models_in_one_local_job_each_keep_their_threads() -> None:
         torch.set_num_threads(before)
 
 
-MALLOC_PROBE = """
-import ctypes, json
-import chute
-from chute.stages import ModelStage
-
 class Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = Mallinfo2
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-ModelStage(chute.Model("m", abs, inputs=["x"]), ["x"])  # a replica, as an engine builds it
-buffer = libc.malloc(16 * 1024 * 1024)  # a batch's activations
-mapped = libc.mallinfo2().hblkhd
-libc.free(buffer)
-print(json.dumps({"mapped": mapped, "kept": libc.mallinfo2().fordblks}))
-"""
+
+def malloc_16mib() -> dict[str, int]:
+    """Allocate and free 16 MiB with glibc's malloc (as a batch's activations are): the
+    bytes it mapped for them, and the bytes its heaps keep free after."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = Mallinfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = libc.mallinfo2()
+    buffer = libc.malloc(16 * 1024 * 1024)
+    mapped = libc.mallinfo2().hblkhd - before.hblkhd
+    libc.free(buffer)
+    return {"mapped": int(mapped), "kept": int(libc.mallinfo2().fordblks - before.fordblks)}
 
 
-@pytest.mark.skipif(
+MIB = 1024 * 1024
+GLIBC = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="tunes glibc's malloc: Linux with glibc only",
 )
+
+
+@GLIBC
 @pytest.mark.parametrize("tuning", ["1", "0"])
-def test_a_replica_lets_malloc_keep_a_batchs_big_buffers_for_the_next(
-    tuning: str, tmp_path: Path
-) -> None:
-    """Built in a fresh process, a replica sets glibc's thresholds: a 16 MiB buffer comes
-    from malloc's heap and stays there, free, when released, rather than being mapped and
-    unmapped (and faulted in again by the next batch). ``CHUTE_MALLOC_TUNING=0`` leaves
-    glibc's own behaviour, which maps it."""
+def test_tuned_malloc_keeps_a_batchs_big_buffers_for_the_next(tuning: str) -> None:
+    """In a fresh process, once tuned, a 16 MiB buffer comes from malloc's heap and stays
+    there, free, when released, rather than being mapped and unmapped (and faulted in
+    again by the next batch). ``CHUTE_MALLOC_TUNING=0`` leaves glibc's own behaviour,
+    which maps it."""
+    probe = (
+        "import json\n"
+        "from chute.models.base import keep_freed_memory\n"
+        "from tests.test_resources import malloc_16mib\n"
+        "keep_freed_memory()\n"
+        "print(json.dumps(malloc_16mib()))\n"
+    )
     env = {**os.environ, "CHUTE_MALLOC_TUNING": tuning}
     done = subprocess.run(
-        [sys.executable, "-c", MALLOC_PROBE],
+        [sys.executable, "-c", probe],
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=Path(__file__).parent.parent,
         timeout=120,
         check=True,
     )
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    mib = 1024 * 1024
     if tuning == "1":
-        assert seen["mapped"] < 4 * mib and seen["kept"] >= 16 * mib
+        assert seen["mapped"] < 4 * MIB and seen["kept"] >= 12 * MIB
     else:
-        assert seen["mapped"] >= 16 * mib and seen["kept"] < 4 * mib
+        assert seen["mapped"] >= 16 * MIB and seen["kept"] < 4 * MIB
+
+
+class MallocProbe:
+    """A model that reports, for each row, what malloc did with a 16 MiB buffer in the
+    process it runs in."""
+
+    def __call__(self, batch: Any) -> dict[str, Any]:
+        seen = malloc_16mib()
+        rows = len(batch["x"])
+        return {"mapped": [seen["mapped"]] * rows, "kept": [seen["kept"]] * rows}
+
+
+@GLIBC
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_a_ray_replica_tunes_its_workers_malloc(ray_session: Any) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    import chute
+
+    table = pa.table({"x": np.arange(100)})
+    for pool in (Pool(), Pool.fixed(1)):  # fused into the read tasks, and an actor
+        model = Model("m", MallocProbe, inputs=["x"], batch_format="numpy", pool=pool)
+        report = chute.Job(chute.TableSource(table), (model,), engine="ray").run()
+        assert report.result is not None
+        assert max(report.result.column("m_mapped").to_pylist()) < 4 * MIB, pool

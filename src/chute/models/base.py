@@ -84,7 +84,9 @@ _malloc_tuned = False
 
 def keep_freed_memory() -> None:
     """Let glibc's malloc keep the big buffers a model frees, to reuse for the next batch
-    (once per process; ``CHUTE_MALLOC_TUNING=0`` leaves malloc as it is).
+    (once per process; ``CHUTE_MALLOC_TUNING=0`` leaves malloc as it is). The Ray engine's
+    replicas call it in Ray's worker processes; the local engine leaves the user's process
+    as it is, where it measured no gain.
 
     glibc maps a buffer above its threshold (128 KiB at first) from the kernel and unmaps
     it when freed, so each batch's arrays (numpy's, torch's tensors) are mapped and

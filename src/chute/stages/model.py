@@ -21,7 +21,7 @@ from chute.deadline import BatchTimeout, Caller
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import AUTO_BATCH_ROWS, DEFAULT_BATCH_ROWS, BatchFormat, Model
 from chute.models import AdapterSpec, ReplicaContext
-from chute.models.base import PREPARED, ROW, keep_freed_memory, torch_threads
+from chute.models.base import PREPARED, ROW, torch_threads
 from chute.oom import is_out_of_memory
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
@@ -74,7 +74,6 @@ class ModelStage:
         ships them separately (on Ray: through the object store, once); ``gpu`` is the
         local GPU a replica of the local engine uses, ``threads`` the intra-op threads the
         engine planned for it (see :class:`ReplicaContext`)."""
-        keep_freed_memory()
         self.name = model.name
         self._gpu = gpu
         self._threads = threads

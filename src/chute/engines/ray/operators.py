@@ -16,7 +16,7 @@ from chute.engines import carried
 from chute.errors import ChuteError, ConfigError, ModelError
 from chute.job import AUTO_MAX_ROWS, Model, Preprocess
 from chute.job.spec import DEFAULT_FILE_SIZE
-from chute.models.base import limit_threads
+from chute.models.base import keep_freed_memory, limit_threads
 from chute.plan import Reader
 from chute.sinks import Output, PartWriter, records_to_table
 from chute.sources import Unit
@@ -286,6 +286,7 @@ class ModelActor:
         if times >= MOST_RESTARTS:  # raised from a batch, as below
             self.failed = ModelError(_died(model.name, times))
             return
+        keep_freed_memory()  # a Ray worker is chute's process: its malloc is tuned
         limit_threads(threads)  # before the model's libraries load: they read it once
         try:
             if target is not None:
