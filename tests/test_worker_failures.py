@@ -252,10 +252,11 @@ def test_a_task_whose_worker_dies_at_every_run_stops_the_run_naming_its_unit(
 
     with pytest.raises(ModelError) as info:
         job().run()
-    if pool is None:  # the read task that holds the model: it names its unit
-        assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
+    task = str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
+    if task:  # the read task holding the model (Ray may fuse the read into the actor too)
         assert f"unit 1 is {job_dir / 'in' / 'p1.parquet'}" in str(info.value)
-    else:  # Ray Data sends the batch again as a new task: its actor's restarts are counted
+    else:  # Ray Data sent the batch again as a new task: the actor's restarts were counted
+        assert pool is not None
         assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 4 times")
     assert info.value.exit_code == 4
     arm.unlink()
@@ -294,9 +295,9 @@ def test_a_model_whose_process_dies_as_it_loads_stops_the_run(
     )
     with pytest.raises(ModelError) as info:
         job.run()
-    if pool is None:  # the replica is built in the read task: its task dies
-        assert re.match(r"Ray ran the task of unit \d 4 times and its worker ", str(info.value))
-    else:
+    task = re.match(r"Ray ran the task of unit \d 4 times and its worker ", str(info.value))
+    if not task:  # an actor of its own (Ray may fuse the read into it, and count its runs)
+        assert pool is not None
         assert str(info.value).startswith("a replica of model 'm' (a Ray actor) died 4 times")
     assert info.value.exit_code == 4
 
