@@ -40,6 +40,24 @@ def _exactly_once(out: Path) -> None:
     assert table.column("m").to_pylist() == [2.0 * i for i in range(ROWS)]
 
 
+def _ray_job(
+    job_dir: Path, model: chute.Model, preprocess: chute.Preprocess | None = None
+) -> chute.Job:
+    """The model over ``job_dir/in`` into ``job_dir/out``, ``id`` carried, on Ray."""
+    return chute.Job(
+        source=chute.FileSource(str(job_dir / "in")),
+        models=(model,),
+        preprocess=preprocess,
+        carryover=("id",),
+        output=chute.Sink(str(job_dir / "out")),
+        engine="ray",
+    )
+
+
+def _pool(size: int | None) -> chute.Pool:
+    return chute.Pool() if size is None else chute.Pool.fixed(size)
+
+
 def _half_package(root: Path, arm: Path) -> str:
     """A package whose ``__init__`` imports a submodule, uses it, then raises while ``arm``
     exists (as fsspec's did when Ray cancelled the task importing it); its name."""
@@ -161,14 +179,7 @@ def test_code_the_workers_cannot_import_stops_the_run_with_what_to_do(
         model = chute.Model("m", Scale, inputs=("x",), kwargs={"factor": module.Setting()})
     else:
         preprocess = chute.Preprocess(module.add_y, inputs=("x",))
-    job = chute.Job(
-        source=chute.FileSource(str(job_dir / "in")),
-        models=(model,),
-        preprocess=preprocess,
-        carryover=("id",),
-        output=chute.Sink(str(job_dir / "out")),
-        engine="ray",
-    )
+    job = _ray_job(job_dir, model, preprocess)
     with pytest.raises(ConfigError) as info:
         job.run()
     message = str(info.value)
@@ -194,13 +205,7 @@ def test_a_worker_an_interrupted_import_left_half_loaded_loads_the_model_after_a
 
     def job() -> chute.Job:
         factor = Factor(str(job_dir / "code"), name)
-        return chute.Job(
-            source=chute.FileSource(str(job_dir / "in")),
-            models=(chute.Model("m", Scale, inputs=("x",), kwargs={"factor": factor}),),
-            carryover=("id",),
-            output=chute.Sink(str(job_dir / "out")),
-            engine="ray",
-        )
+        return _ray_job(job_dir, chute.Model("m", Scale, inputs=("x",), kwargs={"factor": factor}))
 
     # Each worker's import fails half-way and leaves the package's submodule behind.
     with pytest.raises(ConfigError, match="importing its code there raised RuntimeError"):
@@ -240,15 +245,9 @@ def test_a_task_whose_worker_dies_at_every_run_stops_the_run_naming_its_unit(
             CrashOn150,
             inputs=("id", "x"),
             kwargs={"arm": str(arm)},
-            pool=chute.Pool() if pool is None else chute.Pool.fixed(pool),
+            pool=_pool(pool),
         )
-        return chute.Job(
-            source=chute.FileSource(str(job_dir / "in")),
-            models=(model,),
-            carryover=("id",),
-            output=chute.Sink(str(job_dir / "out")),
-            engine="ray",
-        )
+        return _ray_job(job_dir, model)
 
     with pytest.raises(ModelError) as info:
         job().run()
@@ -284,15 +283,9 @@ def test_a_model_whose_process_dies_as_it_loads_stops_the_run(
         "m",
         CrashAtStart,
         inputs=("x",),
-        pool=chute.Pool() if pool is None else chute.Pool.fixed(pool),
+        pool=_pool(pool),
     )
-    job = chute.Job(
-        source=chute.FileSource(str(job_dir / "in")),
-        models=(model,),
-        carryover=("id",),
-        output=chute.Sink(str(job_dir / "out")),
-        engine="ray",
-    )
+    job = _ray_job(job_dir, model)
     with pytest.raises(ModelError) as info:
         job.run()
     task = re.match(r"Ray ran the task of unit \d 4 times and its worker ", str(info.value))
@@ -315,14 +308,9 @@ def test_a_preprocess_task_of_its_own_whose_worker_dies_at_every_run_stops_the_r
     job_dir: Path, ray_session: Any
 ) -> None:
     """``cpus: 1`` runs the preprocess function as tasks of its own, not in the reads."""
-    job = chute.Job(
-        source=chute.FileSource(str(job_dir / "in")),
-        preprocess=chute.Preprocess(crash_on_150, inputs=("id", "x"), cpus=1),
-        models=(chute.Model("m", Scale, inputs=("y",), kwargs={"factor": 2.0, "column": "y"}),),
-        carryover=("id",),
-        output=chute.Sink(str(job_dir / "out")),
-        engine="ray",
-    )
+    model = chute.Model("m", Scale, inputs=("y",), kwargs={"factor": 2.0, "column": "y"})
+    preprocess = chute.Preprocess(crash_on_150, inputs=("id", "x"), cpus=1)
+    job = _ray_job(job_dir, model, preprocess)
     with pytest.raises(ModelError) as info:
         job.run()
     assert str(info.value).startswith("Ray ran the task of unit 1 4 times and its worker ")
