@@ -5,6 +5,7 @@ progress line."""
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,63 @@ def test_counter_lines_and_progress_note() -> None:
     ]
     assert progress_note(counters, 2.0) == "96 tokens out, 48 tok/s"
     assert progress_note({"requests": 3.0}, 2.0) == "" and counter_lines({}, 1.0) == []
+
+
+class SlowToLoad:
+    """Adds one to ``x``; takes ``LOAD`` seconds to build, as a big model would."""
+
+    LOAD = 0.2
+
+    def __init__(self) -> None:
+        time.sleep(self.LOAD)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"y": batch[next(iter(batch))] + 1}
+
+
+@pytest.mark.timeout(300)
+def test_the_report_says_how_long_each_model_took_to_load(engine: str, tmp_path: Path) -> None:
+    """Both models of a chain, the first one's figures travelling with its rows on Ray."""
+    pq.write_table(pa.table({"x": np.arange(1000)}), tmp_path / "a.parquet", row_group_size=100)
+    job = chute.Job(
+        source=chute.FileSource(str(tmp_path / "a.parquet")),
+        models=(
+            Model("first", SlowToLoad, inputs=("x",), batch_format="numpy"),
+            Model("second", SlowToLoad, inputs=("first_y",), batch_format="numpy"),
+        ),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine=engine,  # type: ignore[arg-type]
+    )
+    report = job.run()
+    text = report.render(width=200)
+    again = chute.Report.from_dict(report.to_dict())  # report.json keeps them
+    for name in ("first", "second"):
+        stats = report.stages[name]
+        assert stats.loads >= 1  # one a replica (Ray may build one in each read worker)
+        assert stats.load_seconds >= SlowToLoad.LOAD * stats.loads
+        assert f"model {name}" in text and stats.load_note in text
+        assert (again.stages[name].loads, again.stages[name].load_seconds) == (
+            stats.loads,
+            round(stats.load_seconds, 3),
+        )
+
+
+def test_the_load_note_says_one_load_or_their_mean() -> None:
+    one = chute.report.StageStats(loads=1, load_seconds=9.843)
+    assert one.load_note == "loaded in 9.84 s"
+    assert one.notes == ["loaded in 9.84 s"]
+    three = chute.report.StageStats(loads=3, load_seconds=29.4)
+    assert three.load_note == "3 loads, 9.80 s each on average (29.40 s in all)"
+    assert chute.report.StageStats().load_note is None  # a step, or no batch reported
+
+
+def test_a_function_is_not_loaded(tmp_path: Path) -> None:
+    """A plain function has nothing to build: the report says nothing of loading it."""
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"x": np.arange(10)})),
+        models=(Model("f", lambda b: {"y": b["x"]}, batch_format="numpy"),),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    report = job.run()
+    assert report.stages["f"].loads == 0 and report.stages["f"].load_note is None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from chute.report import batch_notes
+from chute.report import model_notes
 from chute.svgplot import svg
 
 RATE_POINTS = 40
@@ -155,7 +155,7 @@ def _output(report: dict[str, Any]) -> str:
     ]
     rows += [("skipped input", f"{b['unit']}: {b['error']}") for b in report.get("units_bad", [])]
     rows += [("cluster", event) for event in report.get("events", [])]
-    rows += [(f"model {name}", note) for name, note in batch_notes(report)]
+    rows += [(f"model {name}", note) for name, note in model_notes(report)]
     return f"<section id='output'><h2>Output</h2>{_pairs(rows)}</section>"
 
 

@@ -19,7 +19,7 @@ from chute.ledger import META_DIR, Ledger
 from chute.models import Adapter, AdapterSpec
 from chute.plan import Plan, StagePlan, build_plan
 from chute.preflight import check_job, check_machine
-from chute.report import Report, batch_notes
+from chute.report import Report, model_notes
 from chute.sinks import output_filesystem
 from chute.stages import PreprocessStage
 from chute.storage import StorageOptions, redact
@@ -287,7 +287,7 @@ def _job_status(output: str, ledger: Ledger) -> RenderableType:
                 f"{report.get('wall_seconds', 0):.2f} s on {report.get('engine')}"
             )
         )
-        parts += [Text(f"model {name}: {note}") for name, note in batch_notes(report)]
+        parts += [Text(f"model {name}: {note}") for name, note in model_notes(report)]
         parts += _table_lines(report.get("table"))
     return Group(*parts)
 

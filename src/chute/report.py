@@ -52,6 +52,11 @@ class StageStats:
     """The rows the plan started each replica at."""
     batch_auto: bool = False
     """Whether the size was measured and moved (``batch_size: auto``)."""
+    loads: int = 0
+    """Times its replicas built the model (once each at its start, again after a timeout),
+    as reported with their batches."""
+    load_seconds: float = 0.0
+    """Their seconds, summed: imports, weights, device set-up. Not in ``busy_seconds``."""
     counters: dict[str, float] = field(default_factory=dict)
     """What the stage's model counted (``Adapter.take_counters``), summed: an LLM's
     ``requests``, ``prompt_tokens``, ``generated_tokens``, ``finish/<reason>``,
@@ -65,14 +70,42 @@ class StageStats:
     def add_counters(self, counters: Mapping[str, float]) -> None:
         add_counters(self.counters, counters)
 
-    def add_batching(self, splits: int, resizes: int, calls: int, rows: int | None) -> None:
-        """Count a replica's out-of-memory splits, resizes and model calls, and keep the
-        size it reports now (the latest report wins)."""
+    def add_batching(
+        self,
+        splits: int,
+        resizes: int,
+        calls: int,
+        rows: int | None,
+        loads: int = 0,
+        load_seconds: float = 0.0,
+    ) -> None:
+        """Count a replica's out-of-memory splits, resizes, model calls and loads, and keep
+        the size it reports now (the latest report wins)."""
         self.oom_splits += splits
         self.resizes += resizes
         self.calls += calls
+        self.loads += loads
+        self.load_seconds += load_seconds
         if rows is not None:
             self.batch_rows = rows
+
+    @property
+    def load_note(self) -> str | None:
+        """How long the model took to load: ``"loaded in 9.84 s"``, ``"3 loads, 9.80 s
+        each on average (29.40 s in all)"``; ``None`` where no replica reported one."""
+        if not self.loads:
+            return None
+        if self.loads == 1:
+            return f"loaded in {self.load_seconds:,.2f} s"
+        return (
+            f"{self.loads:,} loads, {self.load_seconds / self.loads:,.2f} s each on average "
+            f"({self.load_seconds:,.2f} s in all)"
+        )
+
+    @property
+    def notes(self) -> list[str]:
+        """What the report says of a model stage: its load time, its batch size."""
+        return [note for note in (self.load_note, self.batch_note) if note]
 
     @property
     def batch_note(self) -> str | None:
@@ -164,6 +197,7 @@ class Report:
         data["wall_seconds"] = round(self.wall_seconds, 3)
         for stats in data["stages"].values():
             stats["busy_seconds"] = round(stats["busy_seconds"], 3)
+            stats["load_seconds"] = round(stats["load_seconds"], 3)
         return data
 
     @classmethod
@@ -251,8 +285,7 @@ class Report:
                     "(summed over its replicas or threads)",
                 )
             )
-            if stats.batch_note:
-                rows.append((f"model {name}", stats.batch_note))
+            rows += [(f"model {name}", note) for note in stats.notes]
             rows += [
                 (f"{kind}: {name}", text)
                 for kind, text in counter_lines(stats.counters, self.wall_seconds)
@@ -308,15 +341,15 @@ def progress_note(counters: Mapping[str, float], seconds: float) -> str:
     return f"{generated:,.0f} tokens out, {rate:,.0f} tok/s"
 
 
-def batch_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """(stage, "batch settled at 2,048 rows (auto, ...)") from a ``report.json``."""
-    notes = []
-    for name, data in (report.get("stages") or {}).items():
-        known = {f.name for f in fields(StageStats)}
-        note = StageStats(**{k: v for k, v in data.items() if k in known}).batch_note
-        if note:
-            notes.append((name, note))
-    return notes
+def model_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, "loaded in 9.84 s"), (stage, "batch settled at 2,048 rows (auto, ...)")
+    from a ``report.json``."""
+    known = {f.name for f in fields(StageStats)}
+    return [
+        (name, note)
+        for name, data in (report.get("stages") or {}).items()
+        for note in StageStats(**{k: v for k, v in data.items() if k in known}).notes
+    ]
 
 
 def _headline(values: dict[str, Any]) -> str:

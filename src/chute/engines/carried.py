@@ -21,7 +21,7 @@ from chute.stages import KEY, Batching, rows
 
 PREFIX = "__chute_stats:"
 _BUSY, _BATCHES, _SPLITS, _BATCH_ROWS = "busy", "batches", "splits", "batch_rows"
-_RESIZES, _CALLS = "resizes", "calls"
+_RESIZES, _CALLS, _LOADS, _LOAD_SECONDS = "resizes", "calls", "loads", "load_seconds"
 _SIZING = (_SPLITS, _RESIZES, _CALLS)
 """A model's sizing counts (summed); its size now, ``batch_rows``, is the latest one."""
 _COUNTERS = "counters"
@@ -112,6 +112,8 @@ def batching_entry(batching: Batching) -> dict[str, float]:
         _RESIZES: float(batching.resizes),
         _CALLS: float(batching.calls),
         _BATCH_ROWS: float(batching.rows or 0),
+        _LOADS: float(batching.loads),
+        _LOAD_SECONDS: batching.load_seconds,
     }
 
 
@@ -182,7 +184,9 @@ def stage_stats(totals: Mapping[str, Mapping[str, float]]) -> dict[str, StageSta
         )
         rows = entry.get(_BATCH_ROWS)
         splits, resizes, calls = (round(entry.get(kind, 0.0)) for kind in _SIZING)
-        stat.add_batching(splits, resizes, calls, round(rows) if rows else None)
+        size = round(rows) if rows else None
+        loads, load_seconds = round(entry.get(_LOADS, 0.0)), entry.get(_LOAD_SECONDS, 0.0)
+        stat.add_batching(splits, resizes, calls, size, loads, load_seconds)
         stat.add_counters(counted({stage: entry}).get(stage, {}))
         stats[stage] = stat
     return stats

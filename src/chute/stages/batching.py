@@ -54,7 +54,8 @@ times cheaper."""
 
 @dataclass(frozen=True)
 class Batching:
-    """What a replica's sizing did since it last said (counts to sum), and its size now."""
+    """What a replica's sizing did since it last said (counts to sum), and its size now;
+    and the model loads it made since (:class:`chute.stages.model.ModelStage` adds them)."""
 
     oom_splits: int = 0
     resizes: int = 0
@@ -62,6 +63,10 @@ class Batching:
     """Model calls that fitted."""
     rows: int | None = None
     """The rows of the replica's next call; ``None`` before any call."""
+    loads: int = 0
+    """Times the replica built its model: once at its start, again after a timeout."""
+    load_seconds: float = 0.0
+    """Their seconds: the model's imports, weights and device set-up (a GPU's context)."""
 
 
 class BatchSizer:

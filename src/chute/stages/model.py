@@ -8,6 +8,7 @@ past its ``timeout`` replaces the replica. How many rows each call takes is the 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -92,6 +93,8 @@ class ModelStage:
         self._made_with = (model, target, args, kwargs)
         """What :meth:`_reload` builds the model from (kept as data, not as a bound method:
         a stage that referred to itself would free a big model only at the next collection)."""
+        self._loads, self._load_seconds = 0, 0.0
+        """Model loads not yet reported (:meth:`take_batching`), and their seconds."""
         self._fn = self._reload()
         self._caller = self._new_caller()
 
@@ -119,7 +122,12 @@ class ModelStage:
             return lambda: fn
 
     def _reload(self) -> Callable[[Any], Any]:
-        return self._load(*self._made_with)
+        began = time.perf_counter()
+        fn = self._load(*self._made_with)
+        if isinstance(self._made_with[1], type | AdapterSpec):  # built, not a function
+            self._loads += 1
+            self._load_seconds += time.perf_counter() - began
+        return fn
 
     def _load(
         self, model: Model, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -186,8 +194,10 @@ class ModelStage:
 
     def take_batching(self) -> Batching:
         """What the sizing did since the last call (resizes, out-of-memory splits, calls),
-        and the size now."""
-        return self.sizer.take()
+        the size now, and the model loads since."""
+        loads, self._loads = self._loads, 0
+        seconds, self._load_seconds = self._load_seconds, 0.0
+        return dataclasses.replace(self.sizer.take(), loads=loads, load_seconds=seconds)
 
     def _predict(self, view: pa.Table, batch: Any = None) -> dict[str, pa.Array]:
         if batch is None:
