@@ -7,8 +7,9 @@ A streaming pipeline of threads joined by bounded channels::
     driver thread ◄──────────────────── part records ◄────────────────────────────┘
 
 Arrow, NumPy, PyTorch and ONNX Runtime release the GIL, so reading, inference and
-writing overlap on every core. Each replica thread loads its model once. Channels are
-bounded, so memory stays flat however large the input is.
+writing overlap on every core. Each replica thread loads its model once; a pool left as
+it is grows while its newest replica is the bottleneck (:mod:`chute.engines.growth`).
+Channels are bounded, so memory stays flat however large the input is.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pyarrow as pa
 from chute.coalesce import Coalescer
 from chute.engines import Commit, EngineOptions
 from chute.engines.channels import Channel, Idle, Rebatcher, Stopped
+from chute.engines.growth import GROW_NOTE, Growth, available_bytes, growth_for, resident_bytes
 from chute.engines.resources import (
     StageResources,
     check_local,
@@ -169,11 +171,15 @@ class _Run:
             self._spawn(name, 1, partial(self._map, prepare, name, channel, prepared))
             channel = prepared
         replicas = local_replicas(stage.model)
-        out = self._channel(replicas)
+        growth = growth_for(stage.model, replicas, self.intra_op[stage.model.name])
+        out = self._channel(growth.most)
         batches = Rebatcher(channel, stage.batch_rows)
-        gpus = iter(gpu_slots(stage.model, replicas))
-        body = partial(self._replica, stage, batches, out, lambda: next(gpus))
-        self._spawn(stage.model.name, replicas, body)
+        gpus = iter(gpu_slots(stage.model, growth.most))
+        order = iter(range(growth.most))
+        body = partial(
+            self._replica, stage, batches, out, growth, lambda: next(order), lambda: next(gpus)
+        )
+        self._spawn(stage.model.name, growth.most, body)
         return out
 
     def _replica(
@@ -181,28 +187,57 @@ class _Run:
         stage: StagePlan,
         batches: Rebatcher,
         out: Channel,
+        growth: Growth,
+        index: Callable[[], int],
         gpu: Callable[[], int | None],
     ) -> None:
+        """One replica thread: it waits for its turn (:class:`Growth`), loads the model,
+        says what the load added to the process, then serves batches, saying how busy
+        it is."""
         try:
-            model = ModelStage(
-                stage.model,
-                stage.inputs,
-                gpu=gpu(),
-                threads=self.intra_op[stage.model.name],
-                rows=stage.batch_rows,
-            )
+            mine = index()
+            if not growth.wait(mine, self.stop):
+                return
+            before = resident_bytes()
             try:
-                self._serve(stage, model, batches, out)
+                model = ModelStage(
+                    stage.model,
+                    stage.inputs,
+                    gpu=gpu(),
+                    threads=growth.threads_each(),
+                    rows=stage.batch_rows,
+                )
+            except BaseException:
+                growth.ended(mine)
+                raise
+            after = resident_bytes()
+            added = None if before is None or after is None else max(0, after - before)
+            growth.loaded(mine, added, available_bytes() if growth.grows else None, self.stop)
+            try:
+                self._serve(stage, model, batches, out, growth, mine)
             finally:
+                growth.ended(mine)
                 model.close()
         finally:
             out.close()
 
-    def _serve(self, stage: StagePlan, model: ModelStage, batches: Rebatcher, out: Channel) -> None:
+    def _serve(
+        self,
+        stage: StagePlan,
+        model: ModelStage,
+        batches: Rebatcher,
+        out: Channel,
+        growth: Growth,
+        mine: int,
+    ) -> None:
         while (batch := batches.take(model.batch_rows)) is not None:  # the replica's size now
+            model.threads = growth.threads_each()  # fewer, once more replicas have started
+            growth.calling(mine)
             began = time.perf_counter()
             result = model(batch)
-            self._record(stage.model.name, time.perf_counter() - began, batch.num_rows)
+            took = time.perf_counter() - began
+            growth.called(mine, took)
+            self._record(stage.model.name, took, batch.num_rows)
             counters = model.clock.take_counters()
             with self._stats_lock:
                 self.stats[stage.model.name].add_batching(*astuple(model.take_batching()))
@@ -307,8 +342,10 @@ class _Run:
 
 def _local_resources(model: Model, threads: int) -> StageResources:
     replicas = local_replicas(model)
+    growth = growth_for(model, replicas, threads)
     res = model.resources
     cpus = res.cpus or 1.0
+    note = GROW_NOTE if growth.grows else ""
     return StageResources(
-        model.name, cpus, res.gpus, res.memory, replicas, replicas, threads=threads
+        model.name, cpus, res.gpus, res.memory, replicas, growth.most, note, threads=threads
     )

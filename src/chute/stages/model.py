@@ -98,6 +98,16 @@ class ModelStage:
         self._fn = self._reload()
         self._caller = self._new_caller()
 
+    @property
+    def threads(self) -> int | None:
+        """The intra-op threads each model call sets (torch's, on the calling thread);
+        an engine may change them between calls (the local engine, as its pool grows)."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, threads: int | None) -> None:
+        self._threads = threads
+
     def _new_caller(self) -> Caller | None:
         return None if self.timeout is None else Caller(f"chute-{self.name}-call")
 

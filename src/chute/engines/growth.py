@@ -1,0 +1,186 @@
+"""How a model's pool grows on the local engine: one replica, then more while each is the
+bottleneck and cheap to copy.
+
+Replicas of one thread each beat one replica with every core's threads on some models:
+on 2 cores, medians of 5, MiniLM took 8.8 s with two one-thread replicas against 10.5 s
+with one two-thread replica, whose calls kept both cores busy (torch's threads wait for
+each other in the small matrix products of a small transformer, and spin while they do).
+On others it buys nothing and costs memory: the MLP, whose calls are a few milliseconds
+and whose replica waits for its input most of the time, ran as fast with one replica and
+peaked at 2.7x the plain loop's memory with two (1.4x with one); the 800 MB model's
+second copy made the run 0.46 s instead of 0.26 s (a never-touched gigabyte is slow to
+hand out here) and would double its memory. (``benchmarks/RESULTS.md`` has the runs.)
+
+So a model whose pool and resources the user left as they are (``Pool()``: one replica,
+no ``max``; no CPUs, GPUs or memory asked for) starts one replica with the model's whole
+share of the cores, and grows one replica at a time, up to one a core of that share,
+while the newest replica is what holds the run back: busy in model calls for
+:data:`GROW_AFTER` seconds, at least :data:`GROW_BUSY` of its time since it loaded, after
+a load that added at most :data:`GROW_MEMORY` (and a tenth of the memory available) to
+the process. A long first call lets the next replica load while it runs. The replicas
+started split the share's threads between them (torch's, set at each call; a call under
+way keeps what it began with). The first load's figure includes the imports of the
+model's libraries (torch and sentence-transformers add ~400 MiB at once, a second MiniLM
+~11 MiB), so it errs towards one replica. A pool or resources the user set keep the size
+asked for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from chute.job import Model, Pool, Resources
+
+GROW_MEMORY = 512 * 1024 * 1024
+"""The most a replica's load may add to the process for another replica to start."""
+GROW_SHARE = 0.1
+"""...and the most, as a share of the memory available then."""
+GROW_AFTER = 0.25
+"""Seconds of model calls a replica makes before it may let another start."""
+WATCH_EVERY = 0.05
+"""Seconds between two looks at the newest replica."""
+GROW_BUSY = 0.8
+"""The least share of a replica's time since it loaded spent in model calls for another to
+start: one that waits for its input is not what holds the run back."""
+
+
+GROW_NOTE = (
+    "one replica, then one more at a time while the newest is busy in model calls "
+    f"(≥ {GROW_BUSY:.0%} of its time) and each load adds at most {GROW_MEMORY // 2**20} MiB; "
+    "the threads split between them"
+)
+
+
+def grows(model: Model) -> bool:
+    """Whether ``model``'s pool grows as its replicas measure: a model whose pool and
+    resources the user left as they are (one replica, no ``max``; CPUs only), as a model
+    fuses into the read tasks on Ray (:func:`chute.engines.resources.fuses`)."""
+    return model.pool == Pool() and model.resources == Resources()
+
+
+def growth_for(model: Model, replicas: int, threads: int) -> Growth:
+    """The growth of ``model``'s ``replicas`` planned replicas of ``threads`` threads each:
+    up to one replica a thread of its share where it :func:`grows`, else those planned."""
+    if grows(model) and replicas * threads > 1:
+        return Growth(replicas * threads, replicas * threads, grows=True)
+    return Growth(replicas, replicas * threads, grows=False)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux: ``/proc/self/statm``); ``None`` elsewhere."""
+    try:
+        fields = Path("/proc/self/statm").read_text().split()
+        import resource
+
+        return int(fields[1]) * resource.getpagesize()
+    except (OSError, IndexError, ValueError, ImportError):
+        return None
+
+
+def available_bytes() -> int | None:
+    """Memory the kernel can hand out without swapping (``MemAvailable``); ``None`` if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cheap(added: int | None, available: int | None) -> bool:
+    """Whether a replica whose load added ``added`` bytes may be followed by another."""
+    if added is None:  # not measured: one replica, as before growth existed
+        return False
+    return added <= GROW_MEMORY and (available is None or added <= GROW_SHARE * available)
+
+
+class Growth:
+    """The replicas of one model on the local engine. ``most`` replica threads wait their
+    turn; where the pool grows, the first starts at once and each later one when the newest
+    started has been busy in model calls (the call under way counted) for
+    :data:`GROW_AFTER` seconds, at least :data:`GROW_BUSY` of its time since it loaded,
+    after a load that was :func:`cheap`. A thread watches that (:data:`WATCH_EVERY`), so a
+    long first call lets the next replica load while it runs. A replica that waits for its
+    input is not the bottleneck: another would not help. ``threads`` is the model's share
+    of the cores, split evenly between the replicas started (:meth:`threads_each`)."""
+
+    def __init__(self, most: int, threads: int, grows: bool) -> None:
+        self.most = most
+        self.threads = threads
+        self.grows = grows
+        """Whether replicas after the first wait for a measurement (else all start)."""
+        self.started = 1 if grows else most
+        self._lock = threading.Lock()
+        self._turns = [threading.Event() for _ in range(most)]
+        self._go = [not grows or i == 0 for i in range(most)]
+        for i in range(1 if grows else most):
+            self._turns[i].set()
+        self._loaded: dict[int, float] = {}
+        """When each replica that may let the next one start finished loading."""
+        self._busy = [0.0] * most
+        self._calling: list[float | None] = [None] * most
+        """When each replica's call under way began (``None``: not in a call)."""
+
+    def wait(self, index: int, stop: threading.Event) -> bool:
+        """Wait until replica ``index`` may start (``True``) or will not (``False``)."""
+        while not self._turns[index].wait(0.1):
+            if stop.is_set():
+                return False
+        return self._go[index]
+
+    def loaded(
+        self, index: int, added: int | None, available: int | None, stop: threading.Event
+    ) -> None:
+        """Replica ``index`` loaded, adding ``added`` bytes to the process: few enough, and
+        it is watched (the first time, by a thread started here); too many, and no replica
+        follows it."""
+        if not self.grows or index + 1 >= self.most:
+            return
+        if not cheap(added, available):
+            self.ended(index)
+            return
+        self._loaded[index] = time.perf_counter()
+        if index == 0:
+            watcher = threading.Thread(target=self._watch, args=(stop,), daemon=True)
+            watcher.name = "chute-growth"
+            watcher.start()
+
+    def calling(self, index: int) -> None:
+        """Replica ``index`` begins a model call."""
+        self._calling[index] = time.perf_counter()
+
+    def called(self, index: int, seconds: float) -> None:
+        """Replica ``index``'s call took ``seconds``."""
+        self._busy[index] += seconds
+        self._calling[index] = None
+
+    def _watch(self, stop: threading.Event) -> None:
+        while not stop.wait(WATCH_EVERY):
+            with self._lock:
+                newest = self.started - 1
+                if newest + 1 >= self.most or self._turns[newest + 1].is_set():
+                    return  # grown as far as it goes, or ended
+                if newest not in self._loaded:  # still loading
+                    continue
+                now = time.perf_counter()
+                began = self._calling[newest]
+                busy = self._busy[newest] + (now - began if began is not None else 0.0)
+                if busy >= GROW_AFTER and busy >= GROW_BUSY * (now - self._loaded[newest]):
+                    self.started = newest + 2
+                    self._go[newest + 1] = True
+                    self._turns[newest + 1].set()
+
+    def ended(self, index: int) -> None:
+        """Replica ``index`` is done (no input left, an error) or stops the growth: the
+        replicas after it that have not started never will."""
+        with self._lock:
+            for later in range(index + 1, self.most):
+                self._turns[later].set()
+
+    def threads_each(self) -> int:
+        """Intra-op threads of each replica now: the share split between those started
+        (a replica's call under way keeps the threads it began with)."""
+        return max(1, self.threads // self.started)
