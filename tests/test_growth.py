@@ -37,7 +37,7 @@ def _turn(growth: Growth, index: int, stop: threading.Event) -> list[bool]:
 def test_a_busy_replica_lets_the_next_start_and_the_threads_split() -> None:
     stop = threading.Event()
     growth = Growth(2, 2, grows=True)
-    assert growth.wait(0, stop) and growth.threads_each() == 2
+    assert growth.wait(0, stop)
     growth.loaded(0, 10 * MiB, None, stop)
     growth.calling(0)  # a long call under way: the watcher sees it before it ends
     assert _turn(growth, 1, stop) == [True]
@@ -45,17 +45,35 @@ def test_a_busy_replica_lets_the_next_start_and_the_threads_split() -> None:
     stop.set()
 
 
-def test_a_replica_that_waits_for_input_does_not_grow_the_pool() -> None:
+def test_a_replica_of_short_calls_settles_the_pool_and_takes_the_threads() -> None:
     stop = threading.Event()
     growth = Growth(2, 2, grows=True)
     growth.loaded(0, 10 * MiB, None, stop)
-    for _ in range(5):  # short calls, long waits between them
-        growth.calling(0)
-        growth.called(0, 0.001)
-        time.sleep(0.05)
-    assert growth.started == 1 and growth.threads_each() == 2
-    growth.ended(0)  # no input left: the waiting replica ends without loading
-    assert _turn(growth, 1, stop) == [False]
+    assert growth.threads_each() == 1  # as if grown, while it may still grow
+    growth.calling(0)
+    growth.called(0, 0.001)
+    assert growth.settled and growth.started == 1 and growth.threads_each() == 2
+    assert _turn(growth, 1, stop) == [False]  # the waiting replica ends without loading
+    stop.set()
+
+
+def test_a_replica_that_waits_for_its_input_settles_the_pool() -> None:
+    stop = threading.Event()
+    growth = Growth(2, 2, grows=True)
+    growth.loaded(0, 10 * MiB, None, stop)
+    time.sleep(0.6)  # no input for a while, then one long call: busy a fifth of the time
+    growth.calling(0)
+    growth.called(0, 0.15)
+    assert growth.settled and growth.started == 1
+    stop.set()
+
+
+def test_no_input_left_ends_the_replicas_still_waiting() -> None:
+    stop = threading.Event()
+    growth = Growth(3, 3, grows=True)
+    growth.loaded(0, 10 * MiB, None, stop)
+    growth.ended(0)
+    assert _turn(growth, 1, stop) == [False] and _turn(growth, 2, stop) == [False]
     stop.set()
 
 
@@ -82,14 +100,14 @@ def test_only_a_pool_left_as_it_is_grows_and_only_on_cpus() -> None:
 
 
 class Busy:
-    """Sleeps a while each call: a model that holds the run back."""
+    """Sleeps 0.2 s each call: a model of long calls that holds the run back."""
 
     def __init__(self, hold: int = 0) -> None:
         self.held = np.ones(hold // 8)  # touched: resident
         self.pid = os.getpid()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(0.1)
+        time.sleep(0.2)
         return {"y": batch["x"] * 2, "replica": np.full(len(batch["x"]), id(self))}
 
 
@@ -122,7 +140,7 @@ needs_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 core
 def test_a_busy_model_grows_to_a_replica_a_core(tmp_path: Path) -> None:
     report, table = _run(tmp_path, chute.Pool())
     replicas = len(set(table.column("m_replica").to_pylist()))
-    assert report.stages["m"].loads == replicas >= 2  # one more each 0.25 s it stays busy
+    assert report.stages["m"].loads == replicas >= 2
 
 
 @needs_cores

@@ -1,28 +1,29 @@
-"""How a model's pool grows on the local engine: one replica, then more while each is the
-bottleneck and cheap to copy.
+"""How a model's pool grows on the local engine: one replica, then more while the newest
+is the bottleneck, makes long calls and was cheap to copy.
 
-Replicas of one thread each beat one replica with every core's threads on some models:
-on 2 cores, medians of 5, MiniLM took 8.8 s with two one-thread replicas against 10.5 s
-with one two-thread replica, whose calls kept both cores busy (torch's threads wait for
-each other in the small matrix products of a small transformer, and spin while they do).
-On others it buys nothing and costs memory: the MLP, whose calls are a few milliseconds
-and whose replica waits for its input most of the time, ran as fast with one replica and
-peaked at 2.7x the plain loop's memory with two (1.4x with one); the 800 MB model's
-second copy made the run 0.46 s instead of 0.26 s (a never-touched gigabyte is slow to
-hand out here) and would double its memory. (``benchmarks/RESULTS.md`` has the runs.)
+One-thread replicas beat one replica with every core's threads on some models and lose on
+others. On 2 cores, interleaved runs (``benchmarks/RESULTS.md``): MiniLM, 2 s calls, took
+8.9 s with two one-thread replicas against 10.2 s with one two-thread replica, whose
+calls kept both cores busy (torch's threads wait for each other in a small transformer's
+small matrix products, spinning while they do). The MLP, 8 ms calls, ran slower with two
+replicas and held more memory: short calls spend much of their time in Python, under
+the GIL that replicas share. The 800 MB model's second copy made the run 0.46 s instead
+of 0.26 s (a never-touched gigabyte is slow to hand out here) and doubles its memory.
 
 So a model whose pool and resources the user left as they are (``Pool()``: one replica,
-no ``max``; no CPUs, GPUs or memory asked for) starts one replica with the model's whole
-share of the cores, and grows one replica at a time, up to one a core of that share,
-while the newest replica is what holds the run back: busy in model calls for
-:data:`GROW_AFTER` seconds, at least :data:`GROW_BUSY` of its time since it loaded, after
-a load that added at most :data:`GROW_MEMORY` (and a tenth of the memory available) to
-the process. A long first call lets the next replica load while it runs. The replicas
-started split the share's threads between them (torch's, set at each call; a call under
-way keeps what it began with). The first load's figure includes the imports of the
-model's libraries (torch and sentence-transformers add ~400 MiB at once, a second MiniLM
-~11 MiB), so it errs towards one replica. A pool or resources the user set keep the size
-asked for.
+no ``max``; no CPUs, GPUs or memory asked for) starts one replica and grows one replica
+at a time, up to one a core of its share, while the newest replica holds the run back:
+its model calls take :data:`GROW_CALL` seconds on average (the call under way counted:
+a long first call lets the next replica load while it runs) and at least
+:data:`GROW_BUSY` of its time since it loaded, after a load that added at most
+:data:`GROW_MEMORY` (and a tenth of the memory available) to the process. The first
+load's figure includes the imports of the model's libraries (torch and
+sentence-transformers add ~400 MiB at once, a second MiniLM ~11 MiB), so it errs towards
+one replica. While the pool may still grow, each replica calls its model with the
+threads it would have once grown (a call under way cannot give threads back); a newest
+replica whose first call was short, or that waited for its input, settles the pool, and
+the replicas then split the model's share of the threads. A pool or resources the user
+set keep the size asked for.
 """
 
 from __future__ import annotations
@@ -37,10 +38,15 @@ GROW_MEMORY = 512 * 1024 * 1024
 """The most a replica's load may add to the process for another replica to start."""
 GROW_SHARE = 0.1
 """...and the most, as a share of the memory available then."""
-GROW_AFTER = 0.25
-"""Seconds of model calls a replica makes before it may let another start."""
+GROW_CALL = 0.1
+"""The least mean seconds of a replica's model calls for another to start: a model of short
+calls (a few milliseconds) spends much of each in Python, under the GIL that replicas
+share, and runs faster on one replica with more threads (measured on the MLP)."""
 WATCH_EVERY = 0.05
 """Seconds between two looks at the newest replica."""
+SETTLE_CALLS = 1
+"""Calls of the newest replica after which, if its calls are short or it waits for its
+input, the pool stops growing."""
 GROW_BUSY = 0.8
 """The least share of a replica's time since it loaded spent in model calls for another to
 start: one that waits for its input is not what holds the run back."""
@@ -98,14 +104,11 @@ def cheap(added: int | None, available: int | None) -> bool:
 
 
 class Growth:
-    """The replicas of one model on the local engine. ``most`` replica threads wait their
-    turn; where the pool grows, the first starts at once and each later one when the newest
-    started has been busy in model calls (the call under way counted) for
-    :data:`GROW_AFTER` seconds, at least :data:`GROW_BUSY` of its time since it loaded,
-    after a load that was :func:`cheap`. A thread watches that (:data:`WATCH_EVERY`), so a
-    long first call lets the next replica load while it runs. A replica that waits for its
-    input is not the bottleneck: another would not help. ``threads`` is the model's share
-    of the cores, split evenly between the replicas started (:meth:`threads_each`)."""
+    """The replicas of one model on the local engine (see the module's text). ``most``
+    replica threads wait their turn: all start at once where the pool does not grow; else
+    the first, then each later one when a thread that watches the newest
+    (:data:`WATCH_EVERY`) finds it holds the run back. ``threads`` is the model's share of
+    the cores (:meth:`threads_each`)."""
 
     def __init__(self, most: int, threads: int, grows: bool) -> None:
         self.most = most
@@ -113,6 +116,8 @@ class Growth:
         self.grows = grows
         """Whether replicas after the first wait for a measurement (else all start)."""
         self.started = 1 if grows else most
+        self.settled = not grows
+        """Whether the pool's size is final (grown as far as it goes, or stopped)."""
         self._lock = threading.Lock()
         self._turns = [threading.Event() for _ in range(most)]
         self._go = [not grows or i == 0 for i in range(most)]
@@ -121,6 +126,7 @@ class Growth:
         self._loaded: dict[int, float] = {}
         """When each replica that may let the next one start finished loading."""
         self._busy = [0.0] * most
+        self._calls = [0] * most
         self._calling: list[float | None] = [None] * most
         """When each replica's call under way began (``None``: not in a call)."""
 
@@ -153,22 +159,37 @@ class Growth:
         self._calling[index] = time.perf_counter()
 
     def called(self, index: int, seconds: float) -> None:
-        """Replica ``index``'s call took ``seconds``."""
+        """Replica ``index``'s call took ``seconds``. After :data:`SETTLE_CALLS` calls, a
+        newest replica whose calls are short or that waits for its input is not one to
+        copy: the pool keeps its size, and its replicas take the threads."""
         self._busy[index] += seconds
         self._calling[index] = None
+        self._calls[index] += 1
+        loaded = self._loaded.get(index)
+        if loaded is None or self._calls[index] < SETTLE_CALLS or index != self.started - 1:
+            return
+        if not self._holds_back(index, time.perf_counter()):
+            self.ended(index)
+
+    def _holds_back(self, index: int, now: float) -> bool:
+        """Whether replica ``index`` makes long calls (:data:`GROW_CALL` on average, the
+        call under way counted) and spends :data:`GROW_BUSY` of its time since it loaded
+        in them."""
+        began = self._calling[index]
+        busy = self._busy[index] + (now - began if began is not None else 0.0)
+        calls = self._calls[index] + (began is not None)
+        long_calls = busy >= GROW_CALL * max(1, calls)
+        return long_calls and busy >= GROW_BUSY * (now - self._loaded[index])
 
     def _watch(self, stop: threading.Event) -> None:
         while not stop.wait(WATCH_EVERY):
             with self._lock:
                 newest = self.started - 1
-                if newest + 1 >= self.most or self._turns[newest + 1].is_set():
+                if self.settled or newest + 1 >= self.most or self._turns[newest + 1].is_set():
                     return  # grown as far as it goes, or ended
                 if newest not in self._loaded:  # still loading
                     continue
-                now = time.perf_counter()
-                began = self._calling[newest]
-                busy = self._busy[newest] + (now - began if began is not None else 0.0)
-                if busy >= GROW_AFTER and busy >= GROW_BUSY * (now - self._loaded[newest]):
+                if self._holds_back(newest, time.perf_counter()):
                     self.started = newest + 2
                     self._go[newest + 1] = True
                     self._turns[newest + 1].set()
@@ -179,8 +200,13 @@ class Growth:
         with self._lock:
             for later in range(index + 1, self.most):
                 self._turns[later].set()
+            self.settled = True
 
     def threads_each(self) -> int:
-        """Intra-op threads of each replica now: the share split between those started
-        (a replica's call under way keeps the threads it began with)."""
-        return max(1, self.threads // self.started)
+        """Intra-op threads of each replica's next call: while the pool may still grow, a
+        replica's share as if it had grown (a call under way cannot give threads back, and
+        two calls on more threads than cores wait on each other); once it cannot, the
+        share split between the replicas started."""
+        if self.settled or self.started >= self.most:
+            return max(1, self.threads // self.started)
+        return max(1, self.threads // self.most)
