@@ -15,6 +15,7 @@ import pytest
 
 import chute
 from chute.engines.growth import GROW_MEMORY, Growth, cheap, growth_for
+from chute.models import adapter
 
 MiB = 2**20
 
@@ -96,6 +97,8 @@ def test_only_a_pool_left_as_it_is_grows_and_only_on_cpus() -> None:
     assert not growth_for(gpu, 1, 2).grows
     sized = chute.Model("m", len, resources=chute.Resources(cpus=2))  # its CPUs are kept
     assert not growth_for(sized, 1, 2).grows
+    server = chute.Model("m", adapter("openai", base_url="http://127.0.0.1:1", model="x"))
+    assert not growth_for(server, 1, 2).grows  # its requests in flight are its pool's
     assert not growth_for(chute.Model("m", len), 1, 1).grows  # one core: nothing to split
 
 

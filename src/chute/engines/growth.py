@@ -32,7 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from chute.job import Model, Pool, Resources
+from chute.engines.resources import fuses
+from chute.job import Model
 
 GROW_MEMORY = 512 * 1024 * 1024
 """The most a replica's load may add to the process for another replica to start."""
@@ -60,10 +61,11 @@ GROW_NOTE = (
 
 
 def grows(model: Model) -> bool:
-    """Whether ``model``'s pool grows as its replicas measure: a model whose pool and
-    resources the user left as they are (one replica, no ``max``; CPUs only), as a model
-    fuses into the read tasks on Ray (:func:`chute.engines.resources.fuses`)."""
-    return model.pool == Pool() and model.resources == Resources()
+    """Whether ``model``'s pool grows as its replicas measure: where it would run inside
+    the read tasks on Ray (:func:`chute.engines.resources.fuses`): its pool and resources
+    left as they are (one replica, no ``max``; CPUs only), and not an adapter that serves
+    from processes or connections its pool bounds (vLLM, an OpenAI-compatible server)."""
+    return fuses(model)
 
 
 def growth_for(model: Model, replicas: int, threads: int) -> Growth:
