@@ -374,7 +374,8 @@ def local_threads(models: Sequence[Model], cores: int | None = None) -> list[int
 def local_replicas(model: Model, cores: int | None = None) -> int:
     """Replica threads of ``model`` on the local engine: a fixed pool as given; an
     autoscaling range as many as this machine's cores hold at the model's CPUs per replica,
-    within the range (``max: None`` means ``min``: one replica by default)."""
+    within the range (``max: None`` means ``min``: one replica by default, which
+    :mod:`chute.engines.growth` may grow while the run goes)."""
     pool = model.pool
     if pool.max is None or pool.max == pool.min:
         return pool.min
