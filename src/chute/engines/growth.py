@@ -54,9 +54,9 @@ start: one that waits for its input is not what holds the run back."""
 
 
 GROW_NOTE = (
-    "one replica, then one more at a time while the newest is busy in model calls "
-    f"(≥ {GROW_BUSY:.0%} of its time) and each load adds at most {GROW_MEMORY // 2**20} MiB; "
-    "the threads split between them"
+    f"one replica, then one more at a time while the newest makes model calls of "
+    f"{GROW_CALL:g} s or more on average, busy at least {GROW_BUSY:.0%} of its time, after a load "
+    f"that added at most {GROW_MEMORY // 2**20} MiB; the threads split between them"
 )
 
 
