@@ -51,6 +51,7 @@ def test_a_replica_of_short_calls_settles_the_pool_and_takes_the_threads() -> No
     growth = Growth(2, 2, grows=True)
     growth.loaded(0, 10 * MiB, None, stop)
     assert growth.threads_each() == 1  # as if grown, while it may still grow
+    assert growth.build_threads(0) == 2  # built with the whole share: it may stay alone
     growth.calling(0)
     growth.called(0, 0.001)
     assert growth.settled and growth.started == 1 and growth.threads_each() == 2

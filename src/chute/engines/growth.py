@@ -20,7 +20,9 @@ a long first call lets the next replica load while it runs) and at least
 load's figure includes the imports of the model's libraries (torch and
 sentence-transformers add ~400 MiB at once, a second MiniLM ~11 MiB), so it errs towards
 one replica. While the pool may still grow, each replica calls its model with the
-threads it would have once grown (a call under way cannot give threads back); a newest
+threads it would have once grown (a call under way cannot give threads back; an adapter
+that fixes its threads when it loads keeps those it was built with, the whole share for
+the first replica); a newest
 replica whose first call was short, or that waited for its input, settles the pool, and
 the replicas then split the model's share of the threads. A pool or resources the user
 set keep the size asked for.
@@ -203,6 +205,13 @@ class Growth:
             for later in range(index + 1, self.most):
                 self._turns[later].set()
             self.settled = True
+
+    def build_threads(self, index: int) -> int:
+        """The threads replica ``index`` is built with, which adapters that fix them when
+        they load keep (ONNX Runtime's session, XGBoost, LightGBM): the first replica
+        gets the whole share, as it may stay alone; a later one its part of the share
+        among the replicas started with it."""
+        return max(1, self.threads // (index + 1)) if self.grows else self.threads_each()
 
     def threads_each(self) -> int:
         """Intra-op threads of each replica's next call: while the pool may still grow, a

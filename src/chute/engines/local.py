@@ -204,7 +204,7 @@ class _Run:
                     stage.model,
                     stage.inputs,
                     gpu=gpu(),
-                    threads=growth.threads_each(),
+                    threads=growth.build_threads(mine),
                     rows=stage.batch_rows,
                 )
             except BaseException:
