@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
@@ -747,7 +747,17 @@ def minilm(base: str, rows: int) -> Workload:
         ref = ray.put(example.load_model(path))
         ray.get([task.remote(ref, file, out) for file in files])
 
-    local = {"model alone": alone, "chute local": chute_run("local"), "pyarrow loop": loop}
+    one = replace(model, pool=chute.Pool.fixed(1))  # the local pool before it grew
+
+    def chute_one(out: str) -> Any:
+        return chute.run(data, one, out, carryover=["id"], engine="local")
+
+    local = {
+        "model alone": alone,
+        "chute local": chute_run("local"),
+        "chute 1 replica": chute_one,
+        "pyarrow loop": loop,
+    }
     with_daft(local, daft_run)
     return Workload(
         "minilm",
@@ -773,6 +783,7 @@ COMPARISONS = [
     ("chute local", "pyarrow loop"),
     ("chute local", "model alone"),
     ("chute local", "Daft"),
+    ("chute local", "chute 1 replica"),
     ("chute ray", "Daft"),
     ("chute ray", "Ray Data"),
     ("chute ray", "Ray Core tasks"),
@@ -1017,6 +1028,7 @@ def main(argv: list[str] | None = None) -> list[Summary]:
     order = [
         "model alone",
         "chute local",
+        "chute 1 replica",
         "pyarrow loop",
         "Daft",
         "chute ray",
