@@ -104,7 +104,7 @@ def _stage_cells(stage: StagePlan, res: StageResources) -> dict[str, RenderableT
 def _pool(res: StageResources) -> str:
     if res.fused:
         return "in the read tasks"
-    return f"{res.min:,}" if res.min == res.max else f"{res.min:,}–{res.max:,}"
+    return res.replicas
 
 
 def _notes(model: Model, res: StageResources, job: JobSpec) -> list[str]:

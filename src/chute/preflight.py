@@ -55,12 +55,7 @@ def check_job(
     done.append(check_machine(job))
     if engine is not None:
         stages, basis = engine.stage_resources(plan)
-        pools = ", ".join(
-            f"{s.name} {s.max:,} replica(s)"
-            if s.min == s.max
-            else f"{s.name} {s.min:,}–{s.max:,} replica(s)"
-            for s in stages
-        )
+        pools = ", ".join(f"{s.name} {s.replicas} replica(s)" for s in stages)
         done.append(f"pools: {pools} ({basis})")
     done.append(check_output(job, fingerprint, description, overwrite))
     if job.output is not None and not isinstance(job.output, TableSink):

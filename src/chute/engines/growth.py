@@ -62,18 +62,13 @@ GROW_NOTE = (
 )
 
 
-def grows(model: Model) -> bool:
-    """Whether ``model``'s pool grows as its replicas measure: where it would run inside
-    the read tasks on Ray (:func:`chute.engines.resources.fuses`): its pool and resources
-    left as they are (one replica, no ``max``; CPUs only), and not an adapter that serves
-    from processes or connections its pool bounds (vLLM, an OpenAI-compatible server)."""
-    return fuses(model)
-
-
 def growth_for(model: Model, replicas: int, threads: int) -> Growth:
     """The growth of ``model``'s ``replicas`` planned replicas of ``threads`` threads each:
-    up to one replica a thread of its share where it :func:`grows`, else those planned."""
-    if grows(model) and replicas * threads > 1:
+    up to one replica a thread of its share where the model would run inside the read
+    tasks on Ray (:func:`chute.engines.resources.fuses`: its pool and resources left as
+    they are, CPUs only, not an adapter whose pool bounds its engines or requests, such as
+    vLLM or an OpenAI-compatible server); else those planned."""
+    if fuses(model) and replicas * threads > 1:
         return Growth(replicas * threads, replicas * threads, grows=True)
     return Growth(replicas, replicas * threads, grows=False)
 

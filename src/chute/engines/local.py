@@ -174,11 +174,8 @@ class _Run:
         growth = growth_for(stage.model, replicas, self.intra_op[stage.model.name])
         out = self._channel(growth.most)
         batches = Rebatcher(channel, stage.batch_rows)
-        gpus = iter(gpu_slots(stage.model, growth.most))
-        order = iter(range(growth.most))
-        body = partial(
-            self._replica, stage, batches, out, growth, lambda: next(order), lambda: next(gpus)
-        )
+        slots = iter(enumerate(gpu_slots(stage.model, growth.most)))
+        body = partial(self._replica, stage, batches, out, growth, lambda: next(slots))
         self._spawn(stage.model.name, growth.most, body)
         return out
 
@@ -188,37 +185,32 @@ class _Run:
         batches: Rebatcher,
         out: Channel,
         growth: Growth,
-        index: Callable[[], int],
-        gpu: Callable[[], int | None],
+        slot: Callable[[], tuple[int, int | None]],
     ) -> None:
         """One replica thread: it waits for its turn (:class:`Growth`), loads the model,
         says what the load added to the process, then serves batches, saying how busy
         it is."""
+        mine, gpu = slot()
         try:
-            mine = index()
             if not growth.wait(mine, self.stop):
                 return
             before = resident_bytes()
-            try:
-                model = ModelStage(
-                    stage.model,
-                    stage.inputs,
-                    gpu=gpu(),
-                    threads=growth.build_threads(mine),
-                    rows=stage.batch_rows,
-                )
-            except BaseException:
-                growth.ended(mine)
-                raise
+            model = ModelStage(
+                stage.model,
+                stage.inputs,
+                gpu=gpu,
+                threads=growth.build_threads(mine),
+                rows=stage.batch_rows,
+            )
             after = resident_bytes()
             added = None if before is None or after is None else max(0, after - before)
             growth.loaded(mine, added, available_bytes() if growth.grows else None, self.stop)
             try:
                 self._serve(stage, model, batches, out, growth, mine)
             finally:
-                growth.ended(mine)
                 model.close()
         finally:
+            growth.ended(mine)  # done, or failed: the replicas still waiting never start
             out.close()
 
     def _serve(

@@ -148,6 +148,11 @@ class StageResources:
     fused: bool = False
     """Runs inside the read tasks (no actors): see :func:`plan_stages`."""
 
+    @property
+    def replicas(self) -> str:
+        """The pool's size: ``"2"``, or ``"1–2"`` for a range."""
+        return f"{self.min:,}" if self.min == self.max else f"{self.min:,}–{self.max:,}"
+
 
 FUSED_NOTE = (
     "runs inside the read tasks, a replica per worker process, no actors "

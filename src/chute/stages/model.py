@@ -77,7 +77,9 @@ class ModelStage:
         engine planned for it (see :class:`ReplicaContext`)."""
         self.name = model.name
         self._gpu = gpu
-        self._threads = threads
+        self.threads = threads
+        """The intra-op threads each model call sets (torch's, on the calling thread); an
+        engine may change them between calls (the local engine, as its pool grows)."""
         self.inputs = list(inputs)
         self.batch_format: BatchFormat = model.batch_format
         self.on_error = model.on_error
@@ -98,16 +100,6 @@ class ModelStage:
         self._fn = self._reload()
         self._caller = self._new_caller()
 
-    @property
-    def threads(self) -> int | None:
-        """The intra-op threads each model call sets (torch's, on the calling thread);
-        an engine may change them between calls (the local engine, as its pool grows)."""
-        return self._threads
-
-    @threads.setter
-    def threads(self, threads: int | None) -> None:
-        self._threads = threads
-
     def _new_caller(self) -> Caller | None:
         return None if self.timeout is None else Caller(f"chute-{self.name}-call")
 
@@ -122,8 +114,7 @@ class ModelStage:
         freed only by the cycle collector); ``None`` where it built nothing (a function,
         an object the job holds), or a reference that never dies where it cannot be
         watched."""
-        target = self._made_with[1]
-        if not isinstance(target, type | AdapterSpec):
+        if not self._builds():
             return None
         try:
             return weakref.ref(self._fn)
@@ -131,10 +122,15 @@ class ModelStage:
             fn = self._fn
             return lambda: fn
 
+    def _builds(self) -> bool:
+        """Whether this stage builds its model (a class, an adapter), not a function or
+        object the job holds."""
+        return isinstance(self._made_with[1], type | AdapterSpec)
+
     def _reload(self) -> Callable[[Any], Any]:
         began = time.perf_counter()
         fn = self._load(*self._made_with)
-        if isinstance(self._made_with[1], type | AdapterSpec):  # built, not a function
+        if self._builds():
             self._loads += 1
             self._load_seconds += time.perf_counter() - began
         return fn
@@ -166,7 +162,7 @@ class ModelStage:
         self.batch_format = "pyarrow"
         self._prepared = f"{PREPARED}{model.name}__"
         try:
-            return spec.build(ReplicaContext(model.name, model.resources, self._gpu, self._threads))
+            return spec.build(ReplicaContext(model.name, model.resources, self._gpu, self.threads))
         except ChuteError:
             raise
         except Exception as exc:
@@ -227,7 +223,7 @@ class ModelStage:
     def _call(self, batch: Any) -> Any:
         """The model's outputs for ``batch``; past the timeout, :class:`BatchTimeout` and a
         freshly loaded replica for the next call."""
-        fn = self._fn if self._threads is None else partial(_with_threads, self._threads, self._fn)
+        fn = self._fn if self.threads is None else partial(_with_threads, self.threads, self._fn)
         if self._caller is None or self.timeout is None:
             return fn(batch)
         try:
