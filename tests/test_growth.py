@@ -159,3 +159,33 @@ def test_a_pool_the_user_fixed_keeps_its_size(tmp_path: Path) -> None:
 def test_a_model_that_takes_much_memory_keeps_one_replica(tmp_path: Path) -> None:
     report, table = _run(tmp_path, chute.Pool(), hold=GROW_MEMORY + 64 * MiB)
     assert report.stages["m"].loads == 1 == len(set(table.column("m_replica").to_pylist()))
+
+
+class FailsSecond(Busy):
+    """Long calls, so the pool grows; the second replica cannot load."""
+
+    built = 0
+
+    def __init__(self) -> None:
+        type(self).built += 1
+        if type(self).built > 1:
+            raise RuntimeError("no second copy")
+        super().__init__()
+
+
+@needs_cores
+@pytest.mark.timeout(120)
+def test_a_replica_that_fails_to_load_as_the_pool_grows_stops_the_run_naming_it(
+    tmp_path: Path,
+) -> None:
+    pq.write_table(pa.table({"x": np.arange(4_000)}), tmp_path / "a.parquet", row_group_size=200)
+    FailsSecond.built = 0
+    job = chute.Job(
+        source=chute.FileSource(str(tmp_path / "a.parquet")),
+        models=(chute.Model("m", FailsSecond, batch_format="numpy", batch_size=200),),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(chute.ModelError, match=r"model 'm' failed to load: .*no second copy"):
+        job.run()
+    assert FailsSecond.built == 2  # it grew, and the second load is what failed
