@@ -4,8 +4,11 @@ Engines run the same through ``tests/conformance`` and ``tests/test_chaos.py``."
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +19,9 @@ from chute.config import load_job
 from chute.ledger import Ledger
 from chute.runner.committer import _files
 from chute.sinks import Output, PartWriter, in_key_order
-from chute.stages import tag
+from chute.sinks.records import runs
+from chute.stages import KEY, tag
+from chute.stages.rows import ROW_BITS, ROW_MASK
 
 
 def piece(unit: int, start: int, rows: int, total: int) -> pa.Table:
@@ -62,6 +67,40 @@ def test_rows_are_put_in_key_order_by_runs_without_a_copy() -> None:
     source = batch["id"].chunk(0).buffers()[1].address
     for chunk in ordered["id"].chunks:  # slices of the batch's buffer: nothing copied
         assert chunk.buffers()[1].address == source
+
+
+def runs_row_by_row(keys: list[int]) -> list[tuple[int, int, int, int, int]]:
+    """Runs as defined: a row starts a new run unless it is the next row of the row
+    before's unit and that row was not its unit's last."""
+    found: list[list[int]] = []
+    for i, key in enumerate(keys):
+        last = key < 0
+        plain = -key - 1 if last else key
+        unit, row = plain >> ROW_BITS, plain & ROW_MASK
+        if found and found[-1][2] == unit and found[-1][5] == row - 1 and not found[-1][6]:
+            found[-1][1], found[-1][5], found[-1][6] = i + 1, row, last
+        else:
+            found.append([i, i + 1, unit, row, 0, row, last])
+    return [(lo, hi, u, start, end + 1 if last else -1) for lo, hi, u, start, _, end, last in found]
+
+
+def test_runs_decoded_from_the_few_keys_that_break_the_step_are_the_runs_of_every_row() -> None:
+    rng = random.Random(14)
+    for _ in range(2000):
+        pieces = []
+        for unit in range(rng.randint(1, 5)):
+            total = rng.randint(1, 12)
+            cuts = sorted({rng.randint(1, total) for _ in range(3)} | {total})
+            for lo, hi in itertools.pairwise([0, *cuts]):
+                # some pieces of another unit, or of a unit with a large index, or a
+                # unit whose total is not known: every way rows can come
+                owner = rng.choice([unit, unit, 7, 1 << 20])
+                size = rng.choice([total, None])
+                pieces.append(piece(owner, lo, hi - lo, size or 10**6))  # type: ignore[arg-type]
+        rng.shuffle(pieces)
+        keys = pa.concat_tables(pieces).column(KEY).to_pylist()
+        assert runs(np.array(keys, dtype=np.int64)) == runs_row_by_row(keys)
+    assert runs(np.array([], dtype=np.int64)) == []
 
 
 def test_a_unit_never_shares_a_file_while_part_of_it_is_elsewhere(tmp_path: Path) -> None:

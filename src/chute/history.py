@@ -14,6 +14,7 @@ time and memory in proportion to the failed rows, never to the output.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import io
 import os
@@ -152,8 +153,10 @@ def resume_command() -> str:
     return "run the same job again (job.run(), or chute run JOB_FILE): committed units are kept"
 
 
+@functools.cache
 def chute_version() -> str:
-    """The installed chute's version (``unknown`` when run from a bare source tree)."""
+    """The installed chute's version (``unknown`` when run from a bare source tree); read
+    once per process (a metadata lookup walks ``sys.path``: milliseconds a run)."""
     try:
         return importlib.metadata.version("chute")
     except importlib.metadata.PackageNotFoundError:

@@ -7,6 +7,7 @@ resolve the same model at once; a module that raised is never cached half-run.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -270,12 +271,13 @@ def _installed(path: str) -> bool:
     return any(_under(real, folder) for folder in _installed_folders())
 
 
-def _installed_folders() -> list[str]:
+@functools.cache
+def _installed_folders() -> tuple[str, ...]:
     import sysconfig
 
     paths = sysconfig.get_paths()
     folders = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
-    return [os.path.realpath(f) for f in [*folders, os.path.dirname(__file__)]]
+    return tuple(os.path.realpath(f) for f in [*folders, os.path.dirname(__file__)])
 
 
 def _under(path: str, folder: str) -> bool:

@@ -5,12 +5,12 @@ bytes of a file in each format (:func:`encode`)."""
 from __future__ import annotations
 
 import io
+import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -18,23 +18,27 @@ import pyarrow.parquet as pq
 
 from chute.formats import check_csv, openai_lines, to_jsonl
 from chute.job import FileTarget
-from chute.sinks.records import PartRecord, runs
+from chute.sinks.records import PartRecord, Run, runs
 from chute.stages import KEY
 
 EXTENSIONS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl", "openai-batch": ".jsonl"}
 
 
-def in_key_order(table: pa.Table) -> pa.Table:
+def in_key_order(table: pa.Table, found: list[Run] | None = None) -> pa.Table:
     """``table`` with its rows by unit, then row (pieces joined as they came may not be).
 
     The rows of a unit arrive in runs of consecutive rows, so the runs are put in order,
-    not the rows: slices of ``table``, nothing copied."""
-    keys = table.column(KEY).to_numpy()
-    order = np.where(keys < 0, -keys - 1, keys)
-    if len(order) < 2 or bool((np.diff(order) > 0).all()):
+    not the rows: slices of ``table``, nothing copied. ``found``: its runs, if known."""
+    found = runs(table.column(KEY).to_numpy()) if found is None else found
+    if in_order(found):
         return table
-    pieces = sorted(runs(keys), key=lambda run: (run[2], run[3]))
+    pieces = sorted(found, key=lambda run: (run[2], run[3]))
     return concat([table.slice(lo, hi - lo) for lo, hi, *_ in pieces])
+
+
+def in_order(found: list[Run]) -> bool:
+    """Whether runs (see :func:`runs`) come by unit, then row."""
+    return all((a[2], a[3]) < (b[2], b[3]) for a, b in itertools.pairwise(found))
 
 
 def file_groups(

@@ -4,7 +4,6 @@ in a batch (:func:`runs`)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -80,16 +79,39 @@ def records_from_table(table: pa.Table) -> list[PartRecord]:
     return [PartRecord(**row) for row in table.to_pylist()]
 
 
-def runs(keys: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-    """Contiguous runs of one unit: (first index, last index + 1, unit, start row, unit_rows)."""
-    units, rows, last = decode(keys)
-    breaks = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
-    bounds = [0, *breaks.tolist(), len(keys)]
-    out = []
-    for lo, hi in itertools.pairwise(bounds):
-        total = int(rows[hi - 1]) + 1 if last[hi - 1] else -1
-        out.append((lo, hi, int(units[lo]), int(rows[lo]), total))
-    return out
+Run = tuple[int, int, int, int, int]
+"""A run of one unit's consecutive rows in a batch: (first index, last index + 1, unit,
+start row, unit_rows: the unit's total if the run holds its last row, else -1)."""
+
+
+def runs(keys: np.ndarray) -> list[Run]:
+    """The runs of consecutive rows of one unit in a batch's row keys, as they come.
+
+    Within a run each key is the one before it plus one, but for a unit's last row (its
+    key negated, and so the end of a run): a run can only end where that fails, so only
+    those few keys are decoded, not every row's."""
+    if len(keys) == 0:
+        return []
+    odd = np.flatnonzero((np.diff(keys) != 1) | (keys[:-1] < 0)) + 1
+    if len(odd):
+        units, rows, _ = decode(keys[odd])
+        before, previous, ended = decode(keys[odd - 1])
+        odd = odd[(units != before) | (rows != previous + 1) | ended]
+    firsts = np.concatenate(([0], odd))
+    lasts = np.concatenate((odd, [len(keys)])) - 1
+    units, starts, _ = decode(keys[firsts])
+    _, ends, last = decode(keys[lasts])
+    totals = np.where(last, ends + 1, -1)
+    return list(
+        zip(
+            firsts.tolist(),
+            (lasts + 1).tolist(),
+            units.tolist(),
+            starts.tolist(),
+            totals.tolist(),
+            strict=True,
+        )
+    )
 
 
 def record_dict(record: PartRecord) -> dict[str, object]:

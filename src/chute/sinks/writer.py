@@ -24,6 +24,7 @@ from chute.sinks.files import (
     encode,
     file_groups,
     in_key_order,
+    in_order,
     write_parquet,
 )
 from chute.sinks.records import PartRecord, runs, to_ipc
@@ -126,15 +127,16 @@ class PartWriter:
         no rows to write)."""
         if table.num_rows == 0:
             return []
-        if self.joins:
-            table = in_key_order(table)
-        keys = table.column(KEY).to_numpy()
+        found = runs(table.column(KEY).to_numpy())
+        if self.joins and not in_order(found):
+            table = in_key_order(table, found)
+            found = runs(table.column(KEY).to_numpy())
         errors = None
         if ERROR_MODEL in table.column_names:
             errors = _select(table, [*self.output.carryover, *ERROR_COLUMNS])
         full, table = table, _select(table, [*self.output.columns(table.schema), KEY])
         prepared = []
-        for lo, hi, unit, start, total in runs(keys):
+        for lo, hi, unit, start, total in found:
             record, healthy = self._write_run(
                 table.slice(lo, hi - lo), _slice(errors, lo, hi), unit, start, total
             )
