@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,28 @@ def test_ray_tells_an_actor_how_many_times_it_was_restarted(
     assert restarts() == 0  # not in an actor
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_read_tasks_note_the_units_they_begin_for_the_driver_to_read_once(
+    ray_session: Any,
+) -> None:
+    """What names the units in flight when a run is planned again, though none of their
+    rows reached the driver: each read task's note in Ray's key-value store (a private
+    module: if it goes, this fails, not the report)."""
+    import ray
+
+    from chute.engines.ray.operators import begin, begun
+
+    run, other = uuid.uuid4().hex, uuid.uuid4().hex
+    task = ray.remote(num_cpus=0)(begin)
+    ray.get([task.remote(run, [1, 2]), task.remote(run, [5]), task.remote(other, [1])])
+    here = ray.util.get_node_ip_address()
+    assert begun(run) == {1: {here}, 2: {here}, 5: {here}}
+    assert begun(run) == {}  # read once: the notes are gone, another run's kept
+    assert begun(other) == {1: {here}}
+    assert begun("") is None  # no attempt yet: nothing to say
+
+
 def test_the_report_names_the_units_computed_again() -> None:
     from chute.engines.ray import engine
 
@@ -160,6 +183,13 @@ def test_the_report_names_the_units_computed_again() -> None:
     # planned again: of the units in flight, those that had rows written
     assert engine._written(plan, set()) == ""
     assert engine._written(plan, {2}) == f"; 1 of them had rows written, dropped: {ids[2]}"
+    # and those of the units left that a read task had begun: in flight, on any node
+    began = {1: {"10.0.0.2"}, 2: {"10.0.0.3"}, 3: {"10.0.0.3", "10.0.0.2"}, 6: {"10.0.0.2"}}
+    assert engine._in_flight(plan, {2, 3, 4, 5}, began) == (
+        f"; 2 of them in flight, computed again (1 on 10.0.0.2, 2 on 10.0.0.3): {ids[2]}, {ids[3]}"
+    )
+    assert engine._in_flight(plan, {4, 5}, began) == ", none of them begun"
+    assert engine._in_flight(plan, {4, 5}, None) == ", those in flight computed again"
 
 
 def _same(batch: Any) -> Any:

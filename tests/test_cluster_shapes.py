@@ -202,6 +202,13 @@ def _lose_the_worker(
     return before, events
 
 
+def _in_flight(line: str) -> tuple[int, set[str]]:
+    """How many units a ``planned again`` line says were in flight, and those it names."""
+    head, _, tail = line.partition(" of them in flight, computed again (")
+    named = tail.split("): ", 1)[1].split(";")[0].split(" and ")[0]
+    return int(head.rsplit(" ", 1)[1].replace(",", "")), set(named.split(", "))
+
+
 @pytest.mark.timeout(400)
 def test_a_worker_killed_while_reads_are_pending_is_planned_around_in_the_same_run(
     tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]
@@ -251,9 +258,13 @@ def test_a_node_that_joins_mid_run_is_planned_for_and_used(
     _exactly_once(tmp_path)
     assert before <= set(_committed(tmp_path / "out"))
     events = _events(tmp_path)
-    assert any(
-        e.startswith("planned again at ") and "127.0.0.3 (2 CPU) joined" in e for e in events
-    ), events
+    (line,) = [e for e in events if e.startswith("planned again at ")]
+    assert "127.0.0.3 (2 CPU) joined" in line, events
+    # the units in flight when the run stopped (begun on the head, none committed before)
+    # are named though none of their rows had arrived; the new plan computed them
+    count, named = _in_flight(line)
+    assert count >= 1 and not named & before, (line, before)
+    assert named <= set(_committed(tmp_path / "out"))
     nodes = pq.read_table(tmp_path / "out", columns=["tip_node"]).column("tip_node")
     assert "127.0.0.3" in set(nodes.to_pylist())  # the new node computed rows
 

@@ -17,6 +17,7 @@ from chute.engines.ray.operators import (
     PrepareTask,
     PreprocessTask,
     UnitDatasource,
+    begun,
     in_object_store,
     read_groups,
 )
@@ -54,6 +55,11 @@ class RayEngine:
         self._arrived: set[int] = set()
         """The units some rows of which reached the driver in the current attempt: those
         not committed when the run is planned again are computed again, and said so."""
+        self._run = ""
+        """The current attempt's id (see :meth:`_dataset`)."""
+        self._begun: dict[int, set[str]] | None = None
+        """The units the last attempt's read tasks began, and on which nodes (see
+        :func:`~chute.engines.ray.operators.begin`)."""
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> RayEngine:
@@ -110,7 +116,8 @@ class RayEngine:
                 minutes, seconds = divmod(int(time.monotonic() - began), 60)
                 self._events.append(
                     f"planned again at {minutes}:{seconds:02d} ({why}): {len(left)} unit(s) "
-                    f"left, those in flight run again{_written(plan, left & self._arrived)}"
+                    f"left{_in_flight(plan, left, self._begun)}"
+                    f"{_written(plan, left & self._arrived)}"
                 )
                 attempt = replace(plan, pending=[u for u in plan.pending if u.index in left])
                 if not attempt.pending:
@@ -173,6 +180,7 @@ class RayEngine:
             raise watchdog.error from None
         finally:
             self._events += [f"lost node {lost}" for lost in watchdog.lost.values()]
+            self._begun = begun(self._run)
         if watchdog.replan is not None:  # stopped, and Ray's iterator ended rather than raised
             return watchdog.replan
         if watchdog.error is not None:
@@ -217,14 +225,16 @@ class RayEngine:
         ``reads`` CPUs each."""
         import ray
 
-        run = uuid.uuid4().hex  # this attempt: the replicas fused into its tasks are its own
+        # This attempt: the replicas fused into its tasks are its own, and the notes of the
+        # units its reads began.
+        run = self._run = uuid.uuid4().hex
         reader, units = plan.reader, plan.pending
         if isinstance(plan.source, TableSource):
             reader, units = in_object_store(reader, units)
         elif isinstance(plan.source, DatasetSource):  # its blocks are in the store already
             reader = Reader(ObjectStoreSource(plan.source.schema()), plan.read_columns)
         dataset = ray.data.read_datasource(
-            UnitDatasource(reader, units),
+            UnitDatasource(reader, units, run),
             override_num_blocks=len(read_groups(units)),
             num_cpus=reads,
         )
@@ -335,10 +345,27 @@ def _again(plan: Plan, again: set[int]) -> str:
     )
 
 
+def _in_flight(plan: Plan, left: set[int], began: dict[int, set[str]] | None) -> str:
+    """What the ``planned again`` line says of the units left that a read task had begun:
+    in flight when the run stopped, on any node, so computed again by the new plan
+    (``began``: ``None`` if the GCS could not say which)."""
+    if began is None:
+        return ", those in flight computed again"
+    flight = {u for u in left if u in began}
+    if not flight:
+        return ", none of them begun"
+    count, named = _named(plan, flight)
+    nodes: dict[str, int] = {}
+    for unit in flight:
+        for node in began[unit]:
+            nodes[node] = nodes.get(node, 0) + 1
+    where = ", ".join(f"{n:,} on {node}" for node, n in sorted(nodes.items()))
+    return f"; {count:,} of them in flight, computed again ({where}): {named}"
+
+
 def _written(plan: Plan, units: set[int]) -> str:
     """What the ``planned again`` line adds of the units in flight that had rows written
-    (dropped, and computed again by the new plan); those with nothing written yet cannot
-    be told from the units not started."""
+    (dropped: the new plan writes them again)."""
     if not units:
         return ""
     count, named = _named(plan, units)

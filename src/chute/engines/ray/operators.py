@@ -28,7 +28,7 @@ class UnitDatasource:
     """A Ray Data datasource with one read task per pending unit, or per few small units
     (see :func:`read_groups`)."""
 
-    def __new__(cls, reader: Reader, units: list[Unit]) -> Any:
+    def __new__(cls, reader: Reader, units: list[Unit], run: str = "") -> Any:
         from ray.data import Datasource, ReadTask
         from ray.data.block import BlockMetadata
 
@@ -42,7 +42,7 @@ class UnitDatasource:
 
             def get_read_tasks(self, parallelism: int, **_: Any) -> list[Any]:
                 return [
-                    ReadTask(ReadUnits(reader, group), _metadata(group, BlockMetadata))
+                    ReadTask(ReadUnits(reader, group, run), _metadata(group, BlockMetadata))
                     for group in read_groups(units)
                 ]
 
@@ -110,11 +110,13 @@ class ReadUnits:
 
     __name__ = "read_units"  # Ray Data names the read function in its size warning
 
-    def __init__(self, reader: Reader, units: Sequence[Unit]) -> None:
-        self.reader, self.units = reader, tuple(units)
+    def __init__(self, reader: Reader, units: Sequence[Unit], run: str = "") -> None:
+        self.reader, self.units, self.run = reader, tuple(units), run
 
     def __call__(self) -> Iterator[pa.Table]:
         check_runs(lambda: [unit.index for unit in self.units])
+        if self.run:
+            begin(self.run, [unit.index for unit in self.units])
         tables = self._tables()
         if len(self.units) == 1:  # a unit alone: blocks of up to BLOCK_BYTES
             yield from _joined(tables, BLOCK_BYTES)
@@ -134,6 +136,47 @@ class ReadUnits:
             for batch in self.reader(unit):
                 yield carried.mark(carried.carry(batch, "read", time.perf_counter() - began))
                 began = time.perf_counter()
+
+
+BEGUN = b"chute.begun"
+"""The namespace, in Ray's key-value store (in the GCS), of the read tasks that began: a
+key per task, ``<run>/<node>/<unit>,<unit>…``, and nothing in the value."""
+
+
+def begin(run: str, units: list[int]) -> None:
+    """Note in the GCS that a read task of attempt ``run`` began ``units`` on this node: when
+    the run is planned again, the driver then tells the units in flight (computed again by
+    the new plan) from those not begun, though none of their rows has reached it. One
+    small write a task; a failed one is only a line of the report lost."""
+    import ray
+    from ray.experimental import internal_kv
+
+    node = ray.util.get_node_ip_address()
+    key = f"{run}/{node}/{','.join(map(str, units))}"
+    try:
+        internal_kv._internal_kv_put(key, b"", namespace=BEGUN)
+    except Exception:  # the GCS busy or gone: the run goes on, the note is lost
+        return
+
+
+def begun(run: str) -> dict[int, set[str]] | None:
+    """The units read tasks of attempt ``run`` began, and the nodes (more than one when Ray
+    ran a task again elsewhere); the notes are removed. ``None`` if the GCS did not say."""
+    from ray.experimental import internal_kv
+
+    if not run:
+        return None
+    found: dict[int, set[str]] = {}
+    try:
+        keys = internal_kv._internal_kv_list(f"{run}/", namespace=BEGUN)
+        internal_kv._internal_kv_del(f"{run}/", del_by_prefix=True, namespace=BEGUN)
+    except Exception:  # the GCS gone: nothing to name
+        return None
+    for key in keys:
+        _, node, units = key.decode().split("/", 2)
+        for unit in units.split(","):
+            found.setdefault(int(unit), set()).add(node)
+    return found
 
 
 MOST_RUNS = 4
