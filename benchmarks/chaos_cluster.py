@@ -7,9 +7,9 @@ and then, as a user would, runs the same command again until it finishes (adding
 back first when the run stopped with exit 7). It prints, per trial, the moment of the kill,
 every run's exit code and seconds, the units and rows each run committed (their sum is the
 input's when no committed unit was computed again), when a run planned its work again
-around the lost node, how long after the lost node's last output Ray declared it dead,
-the units computed again after their rows had arrived, and whether every row is in the
-output exactly once.
+around the lost node (and the units then in flight, which the new plan computes again),
+how long after the lost node's last output Ray declared it dead, the units Ray computed
+again after their rows had arrived, and whether every row is in the output exactly once.
 
     python benchmarks/chaos_cluster.py --trials 6
     python benchmarks/chaos_cluster.py --trials 3 --shape 0,1,1 --seed 7
@@ -74,14 +74,14 @@ def trial(root: Path, shape: list[int], kill_after: int, cpus: float | None) -> 
         outcome["stopped"] = [r.get("stopped") for r in report["runs"]]
         outcome["redone"] = len(report.get("units_redone") or [])
         outcome["replanned"] = [  # the last run's events: the run that finished
-            e.split(" (")[0].removeprefix("planned again at ")
+            e.split(" (")[0].removeprefix("planned again at ") + _in_flight(e)
             for e in report.get("events", [])
             if e.startswith("planned again at ")
         ]
         outcome["lost"] = [  # how long after the node's last output Ray declared it dead
             e.removeprefix("lost node ") for e in report.get("events", []) if e.startswith("lost")
         ]
-        outcome["again"] = [e for e in report.get("events", []) if "computed again" in e]
+        outcome["again"] = [e for e in report.get("events", []) if "computed again by Ray" in e]
         try:
             _exactly_once(work)
             outcome["exact"] = True
@@ -90,6 +90,17 @@ def trial(root: Path, shape: list[int], kill_after: int, cpus: float | None) -> 
     finally:
         cluster.stop()
     return outcome
+
+
+def _in_flight(line: str) -> str:
+    """What a ``planned again`` line says of the units in flight, briefly: `` (3 in flight:
+    2 on 127.0.0.3, 1 on 127.0.0.2)``, `` (none begun)``."""
+    if ", none of them begun" in line:
+        return " (none begun)"
+    head, found, tail = line.partition(" of them in flight, computed again (")
+    if not found:
+        return ""
+    return f" ({head.rsplit(' ', 1)[1]} in flight: {tail.split('): ', 1)[0]})"
 
 
 def main() -> None:
