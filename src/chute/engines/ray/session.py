@@ -177,15 +177,20 @@ def away_from_driver(res: StageResources) -> Any:
     The driver's node also runs Ray's control plane (the GCS, the dashboard) and, in the
     driver, Ray Data's executor and chute's commits; Ray places an actor the driver creates
     on that node first while it has room. A replica there shares those CPUs; a worker
-    node's are its own. The preference is soft: a replica goes to the driver's node when
-    no other node has room for it (a cluster of one node, a GPU only there)."""
+    node's are its own. The preference is soft (Ray's node-label policy): a replica goes
+    to another node with room, picked at random, else to the driver's node if it has room
+    (a cluster of one node, a GPU only there), else waits for room."""
     import ray
     from ray.util.scheduling_strategies import NodeLabelSchedulingStrategy, NotIn
 
-    here = ray.get_runtime_context().get_node_id()
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        nodes = ray.nodes()
+    except Exception:  # a driver that knows no node of its own: Ray's default
+        return None
     others = [
         n
-        for n in ray.nodes()
+        for n in nodes
         if n.get("Alive") and n.get("NodeID") != here and _holds(n.get("Resources", {}), res)
     ]
     if not others:
