@@ -98,14 +98,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--fused", action="store_true", help="the model in the read tasks")
+    parser.add_argument(
+        "--shapes",
+        default=";".join(",".join(map(str, shape)) for shape in SHAPES),
+        help="CPUs of the head and the worker per shape: '2,0;0,2;1,1' (the default)",
+    )
     args = parser.parse_args()
+    shapes = [[int(c) for c in shape.split(",")] for shape in args.shapes.split(";")]
     root = Path(tempfile.mkdtemp(prefix="placement-"))
     try:
         _prepare(root, args.fused)
         print("| CPUs | seconds | rows computed on each node |\n|---|--:|---|")
         for _ in range(args.rounds):
-            for shape in SHAPES:
-                print(_run(root, list(shape)), flush=True)
+            for shape in shapes:
+                print(_run(root, shape), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

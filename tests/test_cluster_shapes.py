@@ -269,31 +269,6 @@ def test_a_node_that_joins_mid_run_is_planned_for_and_used(
     assert "127.0.0.3" in set(nodes.to_pylist())  # the new node computed rows
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(("head", "replicas", "nodes"), [(3, 1, {"127.0.0.3"}), (2, 2, None)])
-def test_model_replicas_go_to_a_worker_node_before_the_drivers(
-    tmp_path: Path,
-    ray_dir: Path,
-    clusters: list[LoopbackCluster],
-    head: int,
-    replicas: int,
-    nodes: set[str] | None,
-) -> None:
-    """Issue 18, point 5. A replica of one CPU on a cluster whose head (the driver's node)
-    has three and a worker one: Ray would place it beside the driver, where it has room;
-    chute sends it to the worker. The preference is soft: a second replica with no room
-    left on the worker goes to the head (the run does not wait for room that never comes)."""
-    job = _job(tmp_path, sleep=0.05, cpus=1, fn="WhereTip")
-    pooled = job.read_text().replace("    resources:", f"    pool: {replicas}\n    resources:")
-    job.write_text(pooled)
-    clusters.append(cluster := _start(ray_dir, head_cpus=head, workers=[1]))
-    code, text = _finish(_chute(job, cluster, stall=60))
-    assert code == 0, text
-    _exactly_once(tmp_path)
-    found = set(pq.read_table(tmp_path / "out", columns=["tip_node"])["tip_node"].to_pylist())
-    assert found == (nodes or {"127.0.0.2", "127.0.0.3"}), found
-
-
 @pytest.mark.timeout(400)
 def test_no_cpu_left_stops_the_run_and_a_resume_finishes_once_a_node_returns(
     tmp_path: Path, ray_dir: Path, clusters: list[LoopbackCluster]

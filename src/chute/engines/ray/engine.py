@@ -22,14 +22,7 @@ from chute.engines.ray.operators import (
     read_groups,
 )
 from chute.engines.ray.release import drop_frames, released
-from chute.engines.ray.session import (
-    away_from_driver,
-    cluster,
-    init_ray,
-    job_runtime_env,
-    portable,
-    ray_log,
-)
+from chute.engines.ray.session import cluster, init_ray, job_runtime_env, portable, ray_log
 from chute.engines.ray.watchdog import Stalled, Watchdog
 from chute.engines.resources import Cluster, StageResources, plan_stages, read_cpus
 from chute.errors import ChuteError
@@ -84,10 +77,8 @@ class RayEngine:
         if self.address or os.environ.get("RAY_ADDRESS"):
             init_ray(self.address, verbose=False)
             found = cluster()
-            away = "; model replicas go to nodes other than the driver's while one has room"
             return plan_stages(models, found), (
                 f"Ray cluster with {found.describe()}; reads take {read_cpus(found):g} CPU each"
-                + (away if len(found.nodes) > 1 else "")
             )
         here = Cluster(cpus=float(os.cpu_count() or 1))
         return plan_stages(models, here), (
@@ -311,9 +302,6 @@ class RayEngine:
             remote_args["num_gpus"] = res.gpus
         if res.memory:
             remote_args["memory"] = res.memory
-        away = away_from_driver(res)
-        if away is not None:
-            remote_args["scheduling_strategy"] = away
         actor = {
             "model": stub,
             "inputs": list(stage.inputs),

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from chute.engines.resources import Cluster, StageResources
+from chute.engines.resources import Cluster
 from chute.errors import ConfigError
 from chute.plan import Plan
 
@@ -168,40 +168,3 @@ def cluster() -> Cluster:
     import ray
 
     return Cluster.from_ray(ray.cluster_resources(), ray.nodes())
-
-
-def away_from_driver(res: StageResources) -> Any:
-    """Where a model's replicas (actors) go: on nodes other than the driver's while one of
-    them could hold a replica, else wherever Ray finds room (``None``: Ray's default).
-
-    The driver's node also runs Ray's control plane (the GCS, the dashboard) and, in the
-    driver, Ray Data's executor and chute's commits; Ray places an actor the driver creates
-    on that node first while it has room. A replica there shares those CPUs; a worker
-    node's are its own. The preference is soft (Ray's node-label policy): a replica goes
-    to another node with room, picked at random, else to the driver's node if it has room
-    (a cluster of one node, a GPU only there), else waits for room."""
-    import ray
-    from ray.util.scheduling_strategies import NodeLabelSchedulingStrategy, NotIn
-
-    try:
-        here = ray.get_runtime_context().get_node_id()
-        nodes = ray.nodes()
-    except Exception:  # a driver that knows no node of its own: Ray's default
-        return None
-    others = [
-        n
-        for n in nodes
-        if n.get("Alive") and n.get("NodeID") != here and _holds(n.get("Resources", {}), res)
-    ]
-    if not others:
-        return None
-    return NodeLabelSchedulingStrategy(hard={}, soft={NODE_LABEL: NotIn(here)})
-
-
-NODE_LABEL = "ray.io/node-id"
-"""The label Ray gives every node: its id."""
-
-
-def _holds(resources: dict[str, float], res: StageResources) -> bool:
-    """Whether a node of ``resources`` (in all) could hold one replica of ``res``."""
-    return resources.get("CPU", 0.0) >= res.cpus and resources.get("GPU", 0.0) >= res.gpus
