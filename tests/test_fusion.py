@@ -344,3 +344,38 @@ def test_chute_datasets_turn_ray_datas_reservations_off(
     dataset = engine._dataset(plan, engine.resources(plan), 1.0)
     assert dataset.context.op_resource_reservation_enabled is False
     assert DataContext.get_current().op_resource_reservation_enabled is True  # others' as it was
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cpus", "fused"), [(1.0, True), (0.5, False)])
+def test_reads_fuse_into_the_model_actors_that_ask_a_read_tasks_cpus(
+    ray_session: Any, tmp_path: Path, cpus: float, fused: bool
+) -> None:
+    """Issue 18, point 5: a 2,000-file run took twice as long with the model's actor kept
+    off the driver's node, or pinned to it, by a scheduling strategy (benchmarks/RESULTS.md,
+    2026-11-26 20:30): Ray Data then no longer fused the read tasks into the actors, and
+    every block went from a read task to an actor. chute sets nothing on its actors that
+    keeps Ray Data from fusing the reads into them where the CPUs asked match."""
+    import contextlib
+    import io
+
+    from chute.engines.ray.engine import RayEngine
+    from chute.plan import build_plan
+
+    pq.write_table(pa.table({"id": np.arange(10), "x": np.arange(10.0)}), tmp_path / "in.parquet")
+    job = chute.Job(
+        chute.FileSource(str(tmp_path / "in.parquet")),
+        (_model("m", Triple, pool=Pool.fixed(1), resources=Resources(cpus=cpus)),),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="ray",
+    )
+    plan = build_plan(job)
+    engine = RayEngine()
+    dataset = engine._dataset(plan, engine.resources(plan), 1.0)
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        dataset.explain()
+    optimized = shown.getvalue().split("Physical Plan (Optimized)")[1]
+    one = "ActorPoolMapOperator[ReadChuteUnits->MapBatches(ModelActor)]" in optimized
+    assert one is fused, optimized
