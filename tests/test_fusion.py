@@ -307,9 +307,9 @@ def test_a_model_whose_files_would_not_fit_once_per_cpu_keeps_its_actors(
     stage = plan_stages([model], cluster)[0]
     assert stage.fused is fused
     if not fused:
-        assert stage.note == (
+        assert stage.note.startswith(
             "on actors, not in the read tasks: its files (2.0 GiB) loaded once per CPU "
-            "would take 8.0 GiB of a node's 16.0 GiB"
+            "would take 8.0 GiB of a node's 16.0 GiB; "
         )
         assert stage.max == 3  # the pool it gets instead: the CPUs reads leave
 
@@ -372,10 +372,14 @@ def test_reads_fuse_into_the_model_actors_that_ask_a_read_tasks_cpus(
     )
     plan = build_plan(job)
     engine = RayEngine()
-    dataset = engine._dataset(plan, engine.resources(plan), 1.0)
+    resources = engine.resources(plan)
+    dataset = engine._dataset(plan, resources, 1.0)
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown):
         dataset.explain()
     optimized = shown.getvalue().split("Physical Plan (Optimized)")[1]
     one = "ActorPoolMapOperator[ReadChuteUnits->MapBatches(ModelActor)]" in optimized
     assert one is fused, optimized
+    # and chute plan says which, as Ray Data decides it
+    (note,) = [n for n in resources[0].note.split("; ") if "read tasks" in n]
+    assert note.startswith("the read tasks fuse into its actors" if fused else "its actors take")

@@ -227,10 +227,14 @@ def _gib(size: float) -> str:
     return f"{size / 2**30:.1f} GiB"
 
 
-def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResources]:
+def plan_stages(
+    models: Sequence[Model], cluster: Cluster, preprocess_pool: bool = False
+) -> list[StageResources]:
     """Every model stage on ``cluster``: fused into the read tasks where :func:`fuses`
     says so (asking for a read's CPUs), the others' actor pools by :func:`plan_resources`,
-    which then share the CPUs among fewer pools."""
+    which then share the CPUs among fewer pools. The first pool's note says whether Ray
+    Data will fuse the reads into its actors (``preprocess_pool``: a preprocess step of
+    its own stands between them)."""
     # why a model that could be fused keeps its actors here: its files, sized once
     too_big = {m.name: too_big_to_fuse(m, cluster) for m in models if fuses(m)}
     actors = [m for m in models if m.name not in too_big or too_big[m.name]]
@@ -244,7 +248,28 @@ def plan_stages(models: Sequence[Model], cluster: Cluster) -> list[StageResource
             continue
         stage, why = next(planned), too_big.get(m.name)
         stages.append(replace(stage, note=why) if why and not stage.note else stage)
+    first = next((i for i, stage in enumerate(stages) if not stage.fused), None)
+    if first is not None and not preprocess_pool:
+        stage = stages[first]
+        note = _read_fusion(stage, reads)
+        stages[first] = replace(stage, note=f"{stage.note}; {note}" if stage.note else note)
     return stages
+
+
+def _read_fusion(stage: StageResources, reads: float) -> str:
+    """Whether Ray Data fuses the read tasks (and what runs in them) into ``stage``'s
+    actors: only where the two ask for the same resources, as Ray Data requires."""
+    if stage.cpus == reads and not stage.gpus and not stage.memory:
+        return (
+            "the read tasks fuse into its actors (they ask the same CPUs): each replica reads, "
+            "predicts and writes, and no block travels between processes"
+        )
+    asked = f"{stage.cpus:g} CPU" + (f", {stage.gpus:g} GPU" if stage.gpus else "")
+    asked += ", memory" if stage.memory else ""
+    return (
+        f"its actors take blocks from read tasks of their own (a replica asks {asked}, a read "
+        f"{reads:g} CPU): each block is passed between processes"
+    )
 
 
 def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources]:

@@ -74,21 +74,23 @@ class RayEngine:
         """As :meth:`resources` would plan them: on the cluster when there is an address,
         else on the local Ray this machine would start (without starting it)."""
         models = [s.model for s in plan.stages]
+        pooled = plan.preprocess is not None and plan.preprocess.copies is not None
         if self.address or os.environ.get("RAY_ADDRESS"):
             init_ray(self.address, verbose=False)
             found = cluster()
-            return plan_stages(models, found), (
+            return plan_stages(models, found, pooled), (
                 f"Ray cluster with {found.describe()}; reads take {read_cpus(found):g} CPU each"
             )
         here = Cluster(cpus=float(os.cpu_count() or 1))
-        return plan_stages(models, here), (
+        return plan_stages(models, here, pooled), (
             f"a local Ray on this machine ({here.cpus:g} CPUs; reads take {read_cpus(here):g} "
             "CPU each)"
         )
 
     def resources(self, plan: Plan) -> list[StageResources]:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
-        return plan_stages([s.model for s in plan.stages], cluster())
+        pooled = plan.preprocess is not None and plan.preprocess.copies is not None
+        return plan_stages([s.model for s in plan.stages], cluster(), pooled)
 
     def events(self) -> list[str]:
         """The nodes the last run lost (address, CPUs, when), and the file that holds Ray's
