@@ -383,3 +383,22 @@ def test_reads_fuse_into_the_model_actors_that_ask_a_read_tasks_cpus(
     # and chute plan says which, as Ray Data decides it
     (note,) = [n for n in resources[0].note.split("; ") if "read tasks" in n]
     assert note.startswith("the read tasks fuse into its actors" if fused else "its actors take")
+
+
+def test_the_first_pool_says_whether_the_reads_fuse_into_it() -> None:
+    """Ray Data fuses the reads (and the models fused into them) into the first pool's
+    actors only where they ask the same resources; a preprocess pool stands between."""
+    cluster = Cluster(cpus=4, gpus=1, nodes=(Node("10.0.0.1", 4, 1),))
+
+    def first_pool(resources: Resources, preprocess_pool: bool = False) -> str:
+        models = [_model("a", double), _model("b", Triple, pool=Pool.fixed(1), resources=resources)]
+        stages = plan_stages(models, cluster, preprocess_pool)
+        assert stages[0].fused and stages[0].note == FUSED_NOTE
+        return stages[1].note
+
+    assert first_pool(Resources(cpus=1)).startswith("the read tasks fuse into its actors")
+    assert first_pool(Resources(cpus=0.5)).startswith(
+        "its actors take blocks from read tasks of their own (a replica asks 0.5 CPU, a read 1 CPU)"
+    )
+    assert "(a replica asks 1 CPU, 1 GPU, a read 1 CPU)" in first_pool(Resources(cpus=1, gpus=1))
+    assert first_pool(Resources(cpus=1), preprocess_pool=True) == ""

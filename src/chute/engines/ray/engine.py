@@ -73,24 +73,21 @@ class RayEngine:
     def stage_resources(self, plan: Plan) -> tuple[list[StageResources], str]:
         """As :meth:`resources` would plan them: on the cluster when there is an address,
         else on the local Ray this machine would start (without starting it)."""
-        models = [s.model for s in plan.stages]
-        pooled = plan.preprocess is not None and plan.preprocess.copies is not None
         if self.address or os.environ.get("RAY_ADDRESS"):
             init_ray(self.address, verbose=False)
             found = cluster()
-            return plan_stages(models, found, pooled), (
+            return _stages(plan, found), (
                 f"Ray cluster with {found.describe()}; reads take {read_cpus(found):g} CPU each"
             )
         here = Cluster(cpus=float(os.cpu_count() or 1))
-        return plan_stages(models, here, pooled), (
+        return _stages(plan, here), (
             f"a local Ray on this machine ({here.cpus:g} CPUs; reads take {read_cpus(here):g} "
             "CPU each)"
         )
 
     def resources(self, plan: Plan) -> list[StageResources]:
         self.shipped = init_ray(self.address, self.verbose, job_runtime_env(plan))
-        pooled = plan.preprocess is not None and plan.preprocess.copies is not None
-        return plan_stages([s.model for s in plan.stages], cluster(), pooled)
+        return _stages(plan, cluster())
 
     def events(self) -> list[str]:
         """The nodes the last run lost (address, CPUs, when), and the file that holds Ray's
@@ -335,6 +332,13 @@ class RayEngine:
             compute=ray.data.ActorPoolStrategy(min_size=res.min, max_size=res.max),
             **remote_args,
         )
+
+
+def _stages(plan: Plan, found: Cluster) -> list[StageResources]:
+    """The plan's model stages on ``found`` (a preprocess step with copies of its own
+    stands between the reads and the first pool: Ray Data cannot fuse them)."""
+    pooled = plan.preprocess is not None and plan.preprocess.copies is not None
+    return plan_stages([s.model for s in plan.stages], found, pooled)
 
 
 def _again(plan: Plan, again: set[int]) -> str:
