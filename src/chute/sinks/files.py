@@ -32,13 +32,18 @@ def in_key_order(table: pa.Table, found: list[Run] | None = None) -> pa.Table:
     found = runs(table.column(KEY).to_numpy()) if found is None else found
     if in_order(found):
         return table
-    pieces = sorted(found, key=lambda run: (run[2], run[3]))
+    pieces = sorted(found, key=_place)
     return concat([table.slice(lo, hi - lo) for lo, hi, *_ in pieces])
 
 
 def in_order(found: list[Run]) -> bool:
     """Whether runs (see :func:`runs`) come by unit, then row."""
-    return all((a[2], a[3]) < (b[2], b[3]) for a, b in itertools.pairwise(found))
+    return all(_place(a) < _place(b) for a, b in itertools.pairwise(found))
+
+
+def _place(run: Run) -> tuple[int, int]:
+    """Where a run belongs: its unit, then its first row."""
+    return run[2], run[3]
 
 
 def file_groups(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -361,10 +362,7 @@ def _in_flight(plan: Plan, left: set[int], began: dict[int, set[str]] | None) ->
     if not flight:
         return ", none of them begun"
     count, named = _named(plan, flight)
-    nodes: dict[str, int] = {}
-    for unit in flight:
-        for node in began[unit]:
-            nodes[node] = nodes.get(node, 0) + 1
+    nodes = Counter(node for unit in flight for node in began[unit])
     where = ", ".join(f"{n:,} on {node}" for node, n in sorted(nodes.items()))
     return f"; {count:,} of them in flight, computed again ({where}): {named}"
 
