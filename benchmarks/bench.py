@@ -13,10 +13,13 @@ an in-memory DataFrame, MiniLM sentence embeddings — each run as:
 * ``model alone``      MiniLM only: ``model.encode`` over the whole preloaded list.
 
 Every run writes Parquet, and its output row count is checked. Times are wall-clock,
-model loading included (except for ``model alone``). Memory is the peak RSS of this
-process and all its descendants (Ray's included), sampled with psutil every 5 ms (Ray's
-variants: 0.1 s), as the increase over the level just before the run; CPU time is that of
-the same process tree.
+model loading included (except for ``model alone``). The variants without Ray run each
+measured run in a Python process of its own, after an untimed warm-up run of the same
+variant there (``--in-process``: one after another in this process); their peak memory is
+the kernel's peak RSS of that process over its RSS before the run, their CPU time its
+``getrusage``. The Ray variants share one Ray in this process: their memory is the peak
+RSS of this process and all its descendants (Ray's included), sampled every 0.1 s, as the
+increase over the level just before the run; their CPU time that of the same tree.
 For chute, ``pipeline s`` is the report's ``wall_seconds`` (planning to the last commit,
 without writing report.json/report.html). Ray is started once, before the first Ray run;
 its start-up is timed on its own and excluded.
@@ -208,6 +211,12 @@ class Result:
     def rate(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
+    def line(self) -> str:
+        return (
+            f"  {self.workload:<11}{self.variant:<16}{self.seconds:8.2f} s {self.rate:>12,.0f} "
+            f"rows/s {self.cpu:7.1f} CPU s  peak +{self.peak / MIB:,.0f} MiB"
+        )
+
 
 def output_rows(directory: str) -> int:
     files = [
@@ -242,6 +251,7 @@ def measure(
     out: str,
     expected: int,
     period: float | None = RAY_PERIOD,
+    show: bool = True,
 ) -> Result:
     """One run of ``fn(out)``, from an empty ``out``; its output rows are checked."""
     shutil.rmtree(out, ignore_errors=True)
@@ -258,11 +268,8 @@ def measure(
     result = Result(
         workload, variant, rows, seconds, sampler.cpu_seconds, sampler.peak - sampler.base, pipeline
     )
-    print(
-        f"  {workload:<11}{variant:<16}{seconds:8.2f} s {result.rate:>12,.0f} rows/s "
-        f"{result.cpu:7.1f} CPU s  peak +{result.peak / MIB:,.0f} MiB",
-        flush=True,
-    )
+    if show:
+        print(result.line(), flush=True)
     return result
 
 
@@ -281,6 +288,60 @@ def run_all(
             out = os.path.join(base, workload.name, variant.replace(" ", "-"))
             runs.append(measure(workload.name, variant, fn, out, workload.rows, period))
     return runs
+
+
+def run_isolated(workload: Workload, args: argparse.Namespace) -> list[Result]:
+    """The local variants as :func:`run_all` runs them, but each run in a Python process of
+    its own (:func:`child`), after ``--warmup`` untimed runs of the same variant there: no
+    variant inherits another's allocator state. In one process the loop's MLP took either
+    0.10 or 0.21 s, by whether an earlier variant's frees had raised glibc's mmap
+    threshold (RESULTS.md, "The MLP, the loop and glibc's malloc"): a user's job runs in a
+    process that only it has warmed."""
+    runs: list[Result] = []
+    for _ in range(args.repeat):
+        for variant in workload.local:
+            command = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                f"{workload.name}:{variant}",
+                "--rows",
+                f"{workload.name}={workload.rows}",
+                "--out",
+                args.out,
+                "--warmup",
+                str(args.warmup),
+            ]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+            found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode != 0 or not found:
+                raise SystemExit(
+                    f"{workload.name}/{variant} failed in its process (exit {done.returncode}):\n"
+                    f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
+                )
+            result = Result(**json.loads(found[-1].removeprefix("RESULT ")))
+            print(result.line(), flush=True)
+            runs.append(result)
+    return runs
+
+
+CHILD_TIMEOUT = 3600
+"""Seconds a variant's process may take, its warm-up runs included."""
+
+
+def child(spec: str, args: argparse.Namespace) -> None:
+    """``--child WORKLOAD:VARIANT``: build the workload (its data is on disk already, or
+    made again the same way), run the variant ``--warmup`` times untimed, then once
+    measured; print that run as ``RESULT {json}`` for :func:`run_isolated`."""
+    name, _, variant = spec.partition(":")
+    rows = parse_rows(args.rows)[name]
+    workload = WORKLOADS[name](args.out, rows)
+    fn = workload.local[variant]
+    out = os.path.join(args.out, "results", name, variant.replace(" ", "-"))
+    for _ in range(args.warmup):
+        measure(name, variant, fn, out, rows, LOCAL_PERIOD, show=False)
+    result = measure(name, variant, fn, out, rows, LOCAL_PERIOD, show=False)
+    print("RESULT " + json.dumps(asdict(result)), flush=True)
 
 
 @dataclass
@@ -948,6 +1009,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--variants", default=None, help="comma-separated variants to run (default: all)"
     )
     parser.add_argument("--json", default=None, help="also write every run to this file")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the variants without Ray in this process, one after another (default: "
+        "each run in a fresh process, after a warm-up run there)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed runs of a variant in its process before the measured one (default 1)",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -1008,6 +1082,9 @@ def chosen(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> list[Summary]:
     args = parse_args(argv)
+    if args.child:
+        child(args.child, args)
+        return []
     print(header(args), flush=True)
     if importlib.util.find_spec("daft") is None:
         print("Daft is not installed (pip install -e '.[bench]'): no Daft variant", flush=True)
@@ -1017,8 +1094,17 @@ def main(argv: list[str] | None = None) -> list[Summary]:
     )
     results: list[Result] = []
     outputs = os.path.join(args.out, "results")
+    if not args.in_process:
+        print(
+            f"each run below in a process of its own, after {args.warmup} untimed run(s) of "
+            "the same variant there",
+            flush=True,
+        )
     for w in workloads:  # everything without Ray first, so no idle Ray process is counted
-        results += run_all(w, w.local, outputs, args.repeat, LOCAL_PERIOD)
+        if args.in_process:
+            results += run_all(w, w.local, outputs, args.repeat, LOCAL_PERIOD)
+        else:
+            results += run_isolated(w, args)
     ray_start = None
     if not args.no_ray and any(w.ray for w in workloads):
         ray_start = start_ray()
