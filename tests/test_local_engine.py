@@ -1,15 +1,23 @@
-"""The local engine's plumbing: channels and the rebatcher, without a job around them."""
+"""The local engine's plumbing: channels and the rebatcher, without a job around them; and
+its writers, one per four cores, in a job."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+import chute
 from chute.engines.channels import Channel, Rebatcher
+from chute.engines.resources import local_writers
+from chute.ledger import Ledger
 from chute.stages import KEY, decode, tag
+from chute.storage import resolve
+from tests.conformance.test_conformance import expected, read_output, taxi_job
 
 
 def _slices(unit: int, rows: int, size: int) -> list[pa.Table]:
@@ -81,3 +89,23 @@ def test_a_finished_tail_never_waits_for_rows_that_have_not_arrived() -> None:
     assert tail is not None and _units(tail) == [1] and tail.num_rows == 30
     channel.close()
     assert rebatcher.take() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_writer_per_four_cores_writes_every_row_once_into_few_files(
+    taxi_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On 24 cores the local engine runs six writers, each with a file of its own open:
+    here on any machine. Every row is written once, the demo's 12 input files give at most
+    12 data files, and the ledger names exactly those."""
+    import chute.engines.local as local
+
+    monkeypatch.setattr(local, "local_writers", lambda cores=None: local_writers(24))
+    assert local.LocalEngine().writers == 6
+    out = tmp_path / "out"
+    replace(taxi_job(taxi_dir, None, "local"), output=chute.Sink(str(out))).run()
+    parts = sorted(p.name for p in out.iterdir() if p.name.startswith("part-"))
+    assert 1 <= len(parts) <= 12
+    assert read_output(out).sort_by("trip_id").equals(expected(taxi_dir))
+    entries = Ledger(*resolve(str(out))).read_entries()
+    assert {p for e in entries.values() for p in e["parts"]} == set(parts)

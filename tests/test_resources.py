@@ -22,6 +22,7 @@ from chute.engines.resources import (
     gpu_slots,
     local_replicas,
     local_threads,
+    local_writers,
     plan_resources,
     read_cpus,
 )
@@ -357,6 +358,11 @@ def test_local_threads_share_the_cores_among_every_models_replicas() -> None:
     assert local_threads(_models({}, {}), cores=2) == [1, 1]  # was 2 each: 4 on 2 cores
     assert local_threads(_models({"pool": Pool(min=1, max=4)}), cores=2) == [1]  # 2 replicas
     assert local_threads(_models({}, {"resources": Resources(cpus=3)}), cores=8) == [2, 6]
+
+
+@pytest.mark.parametrize(("cores", "writers"), [(1, 2), (2, 2), (8, 2), (12, 3), (16, 4), (64, 16)])
+def test_local_writers_one_per_four_cores_two_at_least(cores: int, writers: int) -> None:
+    assert local_writers(cores) == writers
 
 
 class TorchThreads:

@@ -35,6 +35,7 @@ from chute.engines.resources import (
     gpu_slots,
     local_replicas,
     local_threads,
+    local_writers,
 )
 from chute.job import Model
 from chute.plan import Plan, StagePlan
@@ -50,9 +51,9 @@ CHANNEL_BATCHES = 4
 class LocalEngine:
     """Runs a plan on threads in this process."""
 
-    def __init__(self, readers: int | None = None, writers: int = 2) -> None:
+    def __init__(self, readers: int | None = None, writers: int | None = None) -> None:
         self.readers = readers or min(4, os.cpu_count() or 2)
-        self.writers = writers
+        self.writers = writers or local_writers()
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> LocalEngine:

@@ -414,6 +414,17 @@ def local_replicas(model: Model, cores: int | None = None) -> int:
     return max(pool.min, min(pool.max, fit))
 
 
+def local_writers(cores: int | None = None) -> int:
+    """Writer threads of the local engine: one per four cores, and two at least. A writer
+    encodes its own open file, and pyarrow's Parquet encoder runs on the thread that calls
+    it. On 16 cores the taxi job at 10x took 1.74 s with two writers, 1.18 s with four and
+    1.10 s with eight, whose peak was 255 MiB against four's 173 (``benchmarks/RESULTS.md``);
+    on 2 cores more than two were slower. A writer opens a file only for a unit it is
+    handed (:mod:`chute.coalesce`), so a job of few units still writes few files."""
+    cores = cores or os.cpu_count() or 2
+    return max(2, cores // 4)
+
+
 def gpu_slots(model: Model, replicas: int) -> list[int | None]:
     """The local GPU of each replica: replicas of ``gpus: 0.5`` pair up on one GPU,
     replicas of ``gpus: 1`` take one each, round the machine's GPUs."""
