@@ -1094,7 +1094,7 @@ def main(argv: list[str] | None = None) -> list[Summary]:
     )
     results: list[Result] = []
     outputs = os.path.join(args.out, "results")
-    if not args.in_process:
+    if not args.in_process and any(w.local for w in workloads):
         print(
             f"each run below in a process of its own, after {args.warmup} untimed run(s) of "
             "the same variant there",
