@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import chute
+import chute.engines.local as local
 from chute.engines.channels import Channel, Rebatcher
 from chute.engines.resources import local_writers
 from chute.ledger import Ledger
@@ -98,8 +99,6 @@ def test_a_writer_per_four_cores_writes_every_row_once_into_few_files(
     """On 24 cores the local engine runs six writers, each with a file of its own open:
     here on any machine. Every row is written once, the demo's 12 input files give at most
     12 data files, and the ledger names exactly those."""
-    import chute.engines.local as local
-
     monkeypatch.setattr(local, "local_writers", lambda cores=None: local_writers(24))
     assert local.LocalEngine().writers == 6
     out = tmp_path / "out"
