@@ -297,32 +297,25 @@ def run_isolated(workload: Workload, args: argparse.Namespace) -> list[Result]:
     0.10 or 0.21 s, by whether an earlier variant's frees had raised glibc's mmap
     threshold (RESULTS.md, "The MLP, the loop and glibc's malloc"): a user's job runs in a
     process that only it has warmed."""
-    runs: list[Result] = []
-    for _ in range(args.repeat):
-        for variant in workload.local:
-            command = [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--child",
-                f"{workload.name}:{variant}",
-                "--rows",
-                f"{workload.name}={workload.rows}",
-                "--out",
-                args.out,
-                "--warmup",
-                str(args.warmup),
-            ]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
-            found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode != 0 or not found:
-                raise SystemExit(
-                    f"{workload.name}/{variant} failed in its process (exit {done.returncode}):\n"
-                    f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
-                )
-            result = Result(**json.loads(found[-1].removeprefix("RESULT ")))
-            print(result.line(), flush=True)
-            runs.append(result)
-    return runs
+    return [_in_own_process(workload, v, args) for _ in range(args.repeat) for v in workload.local]
+
+
+def _in_own_process(workload: Workload, variant: str, args: argparse.Namespace) -> Result:
+    """One measured run of ``variant`` by :func:`child` in a new process; printed."""
+    name = workload.name
+    command = [sys.executable, os.path.abspath(__file__), "--child", f"{name}:{variant}"]
+    command += ["--rows", f"{name}={workload.rows}", "--out", args.out]
+    command += ["--warmup", str(args.warmup)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not found:
+        raise SystemExit(
+            f"{name}/{variant} failed in its process (exit {done.returncode}):\n"
+            f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
+        )
+    result = Result(**json.loads(found[-1].removeprefix("RESULT ")))
+    print(result.line(), flush=True)
+    return result
 
 
 CHILD_TIMEOUT = 3600

@@ -10,7 +10,9 @@ OpenAI-compatible server) keeps its actors.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import os
 import uuid
 import weakref
@@ -26,8 +28,10 @@ import pytest
 import chute
 from chute import Model, Pool, Resources
 from chute.engines.ray import operators
+from chute.engines.ray.engine import RayEngine
 from chute.engines.resources import FUSED_NOTE, Cluster, Node, fuses, plan_stages
 from chute.models import AdapterSpec
+from chute.plan import build_plan
 
 HERE = Path(__file__).resolve()
 
@@ -328,9 +332,6 @@ def test_chute_datasets_turn_ray_datas_reservations_off(
 
     from ray.data import DataContext
 
-    from chute.engines.ray.engine import RayEngine
-    from chute.plan import build_plan
-
     assert "op_resource_reservation_enabled" in {f.name for f in dataclasses.fields(DataContext)}
     pq.write_table(pa.table({"id": np.arange(10), "x": np.arange(10.0)}), tmp_path / "in.parquet")
     job = chute.Job(
@@ -357,12 +358,6 @@ def test_reads_fuse_into_the_model_actors_that_ask_a_read_tasks_cpus(
     2026-11-26 20:30): Ray Data then no longer fused the read tasks into the actors, and
     every block went from a read task to an actor. chute sets nothing on its actors that
     keeps Ray Data from fusing the reads into them where the CPUs asked match."""
-    import contextlib
-    import io
-
-    from chute.engines.ray.engine import RayEngine
-    from chute.plan import build_plan
-
     pq.write_table(pa.table({"id": np.arange(10), "x": np.arange(10.0)}), tmp_path / "in.parquet")
     job = chute.Job(
         chute.FileSource(str(tmp_path / "in.parquet")),
