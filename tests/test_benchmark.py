@@ -4,6 +4,7 @@ checked)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,21 @@ def test_the_benchmark_prints_its_table(tmp_path: Path) -> None:
         "chute local peak ≤ 2.0× loop's",
     ):
         assert line in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_variant_that_fails_in_its_process_stops_the_bench_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run in a process of its own that dies (here: a workload the bench does not know)
+    ends the bench with an error naming the workload and the variant, and what the
+    process printed: never a table without that run."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the bench's defaults stay its own
+    import bench
+
+    workload = bench.Workload("nonesuch", 10, local={"chute local": lambda out: None})
+    args = bench.parse_args(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="nonesuch/chute local failed in its process") as err:
+        bench.run_isolated(workload, args)
+    assert "cannot read 'nonesuch=10'" in str(err.value)  # the process's own words
