@@ -25,6 +25,7 @@ from click.testing import CliRunner
 import chute
 from chute.cli import main
 from chute.config import job_from_dict
+from chute.engines.ray import live_pool_actors
 
 HERE = Path(__file__).resolve()
 UNITS, ROWS_PER_UNIT = 3, 8
@@ -135,6 +136,9 @@ def test_a_model_that_hangs_fails_the_job_naming_the_timeout(
     assert "unit(s) 1" in message and "unit1.parquet" in message
     assert "Traceback" not in result.output
     assert not (tmp_path / "out" / "_SUCCESS").exists()
+    # The replica's hung calls never return: on Ray its actor is killed with the failed run
+    # (left to exit on its own, it never would, and would keep its CPU from the next run).
+    assert engine == "local" or live_pool_actors() == 0
 
 
 @pytest.mark.timeout(120)

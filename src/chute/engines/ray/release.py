@@ -42,9 +42,11 @@ def released(
     so at the end: a run stopped because the cluster lost nodes would wait for actors
     that cannot start, and for CPUs that are gone.
 
-    Where ``kill()`` says so at the end (the run stops to be planned again and goes on),
-    the pool's actors are killed first: none may finish a batch and write a part after
-    the new plan's work has begun. Where ``free()`` says not (nodes were lost), there is
+    Where the run failed, or ``kill()`` says so at the end (the run stops to be planned
+    again and goes on), the pool's actors are killed first: none may finish a batch and
+    write a part after the new plan's work has begun, and an actor whose model hangs on a
+    thread that never returns (a timed-out call) would otherwise never exit, keeping its
+    CPUs from the next run. Where ``free()`` says not (nodes were lost), there is
     no wait for the CPUs of the start. A run without ``actors`` (every model fused into
     the read tasks) skips the garbage collection that frees a pool: it has none; and when
     it finished, the wait too: its tasks have all returned, and a task's CPUs are free on
@@ -66,7 +68,7 @@ def released(
     finally:
         if actors:  # a full collection costs ~0.1 s with a big heap: only where it frees
             gc.collect()  # Ray Data's executor and operators hold each other: a cycle to free
-        if kill():
+        if failed or kill():
             _kill_pool_actors()
         if (actors or failed) and wait():
             _wait_for(lambda: live_pool_actors() == 0, EXIT_SECONDS)
