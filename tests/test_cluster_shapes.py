@@ -30,13 +30,16 @@ FILES, ROWS = 16, 40_000
 """Units too big to share a read task (two would pass GROUP_ROWS): one task and one model
 call each, so that reads are still pending while the first units commit."""
 MODEL = """
+import os
 import time
 
 import numpy as np
 
 
 def slow_tip(batch):
-    time.sleep({sleep})  # a model with real work per batch: the run is still going when a node dies
+    # A model with real work per batch, so that the run is still going when a node dies;
+    # once the test has killed it (the marker file), quicker: what is left need not wait.
+    time.sleep({sleep} if not os.path.exists({marker!r}) else {sleep} / 10)
     return {{"score": np.asarray(batch["passenger_count"]) * 10 + 1}}
 
 
@@ -85,10 +88,15 @@ def _job(tmp_path: Path, sleep: float, cpus: float | None = None, fn: str = "Slo
         pq.write_table(table, data / f"{i:03d}.parquet")
     code = tmp_path / "job"
     code.mkdir()
-    (code / "model.py").write_text(MODEL.format(sleep=sleep))
+    (code / "model.py").write_text(MODEL.format(sleep=sleep, marker=str(_killed(tmp_path))))
     given = "" if cpus is None else f"    resources: {{cpus: {cpus}}}\n"
     (code / "job.yaml").write_text(JOB.format(fn=fn).replace("output:", given + "output:"))
     return code / "job.yaml"
+
+
+def _killed(tmp_path: Path) -> Path:
+    """The marker a test writes once it has killed a node: the model's calls get quicker."""
+    return tmp_path / "killed"
 
 
 def _start(root: Path, head_cpus: int, workers: list[int]) -> LoopbackCluster:
@@ -192,6 +200,7 @@ def _lose_the_worker(
     _wait_for_commits(tmp_path / "out", 2, run)
     before = set(_committed(tmp_path / "out"))
     assert cluster.kill_node(cluster.nodes[1]) > 0
+    _killed(tmp_path).touch()
     code, text = _finish(run)
     assert code == 0, text
     assert "Traceback" not in text and "(raylet)" not in text
@@ -281,6 +290,7 @@ def test_no_cpu_left_stops_the_run_and_a_resume_finishes_once_a_node_returns(
     run = _chute(job, cluster)
     _wait_for_commits(tmp_path / "out", 2, run)
     cluster.kill_node(cluster.nodes[1])
+    _killed(tmp_path).touch()
     code, text = _finish(run)
     assert code == 7, text
     assert "The cluster has 0 CPUs, 0 GPUs on 1 node (127.0.0.2: 0 CPU)" in text
