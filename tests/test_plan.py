@@ -233,6 +233,28 @@ def test_limit_on_files_without_row_counts(tmp_path: Path) -> None:
     assert last.tolist() == [False, False, True]
 
 
+@pytest.mark.parametrize("on_bad_input", ["fail", "skip"], ids=["streamed", "read-whole"])
+def test_a_file_that_lost_rows_after_planning_is_an_error_not_a_short_unit(
+    tmp_path: Path, on_bad_input: str
+) -> None:
+    """The plan counted a unit's rows; a file rewritten with fewer while the job runs
+    stops the unit naming the file, never commits it short. Local Parquet is streamed;
+    under ``skip`` (and on object stores) a unit is read whole first: both are checked."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": np.arange(10)}), path)
+    job = Job(
+        FileSource(str(tmp_path)),
+        (Model("m", ident, inputs=("x",)),),
+        on_bad_input=on_bad_input,  # type: ignore[arg-type]
+    )
+    plan = build_plan(job)
+    pq.write_table(pa.table({"x": np.arange(6)}), path)  # the same one row group, fewer rows
+    message = "has 6 rows in its unit where it had 10 when the job was planned"
+    with pytest.raises(DataError, match=message) as caught:
+        list(plan.reader(plan.units[0]))
+    assert "a.parquet" in str(caught.value)
+
+
 def test_reader_tags_rows_and_marks_the_last() -> None:
     plan = build_plan(_job(n=10, unit_rows=4))
     reader = plan.reader

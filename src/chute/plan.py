@@ -168,6 +168,8 @@ class Reader:
             if not self.skip_bad:
                 raise
             table, unit = None, replace(unit, error=str(exc))
+        if table is not None and unit.rows is not None and table.num_rows < unit.rows:
+            raise DataError(_changed(unit, table.num_rows))  # never a unit committed short
         if table is None or table.num_rows == 0:  # unreadable (skipped), or no rows
             yield skip_marker(unit.index, unit.error) if unit.error else empty_marker(unit.index)
             return
@@ -189,11 +191,7 @@ class Reader:
                 start += table.num_rows
             if start == unit.rows:
                 return
-        raise DataError(
-            f"input file {unit.path!r} has {start:,} rows in its unit where it had "
-            f"{unit.rows:,} when the job was planned: it changed during the run. Leave the "
-            "input as it is while a job runs, then run the job again (it keeps what it wrote)."
-        )
+        raise DataError(_changed(unit, start))
 
     def _read(self, unit: Unit) -> pa.Table:
         """The unit's rows, conformed to the planned schema (none: not conformed)."""
@@ -231,6 +229,15 @@ class Reader:
                     ) from exc
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def _changed(unit: Unit, rows: int) -> str:
+    """The error of a unit whose input holds fewer rows than the plan counted."""
+    return (
+        f"input {unit.path or unit.id!r} has {rows:,} rows in its unit where it had "
+        f"{unit.rows:,} when the job was planned: it changed during the run. Leave the "
+        "input as it is while a job runs, then run the job again (it keeps what it wrote)."
+    )
 
 
 def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
