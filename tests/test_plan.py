@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from chute import (
 )
 from chute.engines import choose as choose_engine
 from chute.plan import Reader, build_plan
-from chute.stages import KEY, decode
+from chute.stages import ERROR_MESSAGE, ERROR_MODEL, KEY, SKIPPED, decode
 
 
 def ident(batch: Any) -> Any:
@@ -233,26 +234,52 @@ def test_limit_on_files_without_row_counts(tmp_path: Path) -> None:
     assert last.tolist() == [False, False, True]
 
 
-@pytest.mark.parametrize("on_bad_input", ["fail", "skip"], ids=["streamed", "read-whole"])
-def test_a_file_that_lost_rows_after_planning_is_an_error_not_a_short_unit(
-    tmp_path: Path, on_bad_input: str
-) -> None:
-    """The plan counted a unit's rows; a file rewritten with fewer while the job runs
-    stops the unit naming the file, never commits it short. Local Parquet is streamed;
-    under ``skip`` (and on object stores) a unit is read whole first: both are checked."""
-    path = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"x": np.arange(10)}), path)
+def _changed_under_the_plan(tmp_path: Path, name: str, on_bad_input: str) -> list[pa.Table]:
+    """Plan a job over one file of ten rows, rewrite it with six, read its unit with the
+    reader as Ray ships it to a read task (pickled: the source without its listing)."""
+    path = tmp_path / name
+    write = (
+        (lambda n: pq.write_table(pa.table({"x": np.arange(n)}), path))
+        if name.endswith(".parquet")
+        else (lambda n: pa.table({"x": np.arange(n)}).to_pandas().to_csv(path, index=False))
+    )
+    write(10)
     job = Job(
         FileSource(str(tmp_path)),
         (Model("m", ident, inputs=("x",)),),
         on_bad_input=on_bad_input,  # type: ignore[arg-type]
     )
     plan = build_plan(job)
-    pq.write_table(pa.table({"x": np.arange(6)}), path)  # the same one row group, fewer rows
-    message = "has 6 rows in its unit where it had 10 when the job was planned"
-    with pytest.raises(DataError, match=message) as caught:
-        list(plan.reader(plan.units[0]))
-    assert "a.parquet" in str(caught.value)
+    write(6)  # Parquet: the same one row group, fewer rows
+    reader = pickle.loads(pickle.dumps(plan.reader))
+    return list(reader(plan.units[0]))
+
+
+@pytest.mark.parametrize("name", ["a.parquet", "a.csv"])
+def test_a_file_that_changed_after_planning_stops_the_job_naming_it(
+    tmp_path: Path, name: str
+) -> None:
+    """The plan counted a unit's rows (Parquet) or listed the file's size (CSV, JSON): a
+    file rewritten with fewer rows while the job runs is an error naming it, never a unit
+    committed short. (Local Parquet is streamed; CSV is read whole, as any file is on an
+    object store or under ``skip``.)"""
+    changed = "when the job was planned: it changed during the run"
+    with pytest.raises(DataError, match=changed) as caught:
+        _changed_under_the_plan(tmp_path, name, "fail")
+    assert name in str(caught.value)
+    if name.endswith(".parquet"):
+        assert "has 6 rows in its unit where it had 10" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["a.parquet", "a.csv"])
+def test_under_skip_a_file_that_changed_after_planning_is_left_out_and_named(
+    tmp_path: Path, name: str
+) -> None:
+    """Under ``on_bad_input: skip`` the unit is read whole and checked the same way: it is
+    skipped (listed in the report with why), not committed short."""
+    (marker,) = _changed_under_the_plan(tmp_path, name, "skip")
+    assert marker.num_rows == 1 and marker.column(ERROR_MODEL).to_pylist() == [SKIPPED]
+    assert "it changed during the run" in marker.column(ERROR_MESSAGE)[0].as_py()
 
 
 def test_reader_tags_rows_and_marks_the_last() -> None:

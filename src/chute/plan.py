@@ -164,12 +164,12 @@ class Reader:
             return
         try:
             table = None if unit.error or unit.rows == 0 else self._read(unit)
+            if table is not None and unit.rows is not None and table.num_rows < unit.rows:
+                raise DataError(_changed(unit, table.num_rows))  # never committed short
         except DataError as exc:
             if not self.skip_bad:
                 raise
             table, unit = None, replace(unit, error=str(exc))
-        if table is not None and unit.rows is not None and table.num_rows < unit.rows:
-            raise DataError(_changed(unit, table.num_rows))  # never a unit committed short
         if table is None or table.num_rows == 0:  # unreadable (skipped), or no rows
             yield skip_marker(unit.index, unit.error) if unit.error else empty_marker(unit.index)
             return
@@ -236,7 +236,8 @@ def _changed(unit: Unit, rows: int) -> str:
     return (
         f"input {unit.path or unit.id!r} has {rows:,} rows in its unit where it had "
         f"{unit.rows:,} when the job was planned: it changed during the run. Leave the "
-        "input as it is while a job runs, then run the job again (it keeps what it wrote)."
+        "input as it is while a job runs; to start over on the input as it is now, run the "
+        "job again with --overwrite (what it wrote came from the input it planned)."
     )
 
 

@@ -363,10 +363,21 @@ class FileSource:
             if cols is not None:
                 cols = [c for c in cols if c in pf.schema_arrow.names]
             return pf.read_row_groups(groups, columns=cols)
-        return self._read_file(path, columns)
+        return self._read_file(path, columns, unit.size)
 
-    def _read_file(self, path: str, columns: Sequence[str] | None) -> pa.Table:
+    def _read_file(
+        self, path: str, columns: Sequence[str] | None, listed: int | None = None
+    ) -> pa.Table:
+        """A CSV or JSON Lines file; one whose size is not the ``listed`` one (its unit's,
+        from planning) changed since: its rows are not those planned."""
         with self._open(path) as handle:
+            if listed is not None and handle.size() != listed:
+                raise DataError(
+                    f"input file {path!r} is {handle.size():,} bytes where it was {listed:,} "
+                    "when the job was planned: it changed during the run. Leave the input as "
+                    "it is while a job runs; to start over on the input as it is now, run the job "
+                    "again with --overwrite (what it wrote came from the input it planned)."
+                )
             if self.format == "csv":
                 opts = pacsv.ConvertOptions(
                     include_columns=list(columns) if columns else None,
