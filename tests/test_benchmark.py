@@ -63,3 +63,16 @@ def test_a_variant_that_fails_in_its_process_stops_the_bench_naming_it(
     with pytest.raises(SystemExit, match="nonesuch/chute local failed in its process") as err:
         bench.run_isolated(workload, args)
     assert "cannot read 'nonesuch=10'" in str(err.value)  # the process's own words
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_codec_floor_prints_decode_encode_and_what_chute_adds(tmp_path: Path) -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "codec_floor.py")]
+    command += ["--rows", "20000", "--repeat", "1", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=160)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "## taxi, 20,000 rows" in done.stdout
+    for name in ("decode", "encode", "chute local", "pyarrow decode + encode"):
+        assert f"\n{name} " in done.stdout, done.stdout
+    assert "chute beyond the codecs" in done.stdout
