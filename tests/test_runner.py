@@ -72,6 +72,18 @@ def test_commits_a_unit_once_its_parts_cover_all_rows(tmp_path: Path) -> None:
     }
 
 
+def test_a_unit_that_arrives_short_of_its_planned_rows_is_never_committed(tmp_path: Path) -> None:
+    """Whatever lost rows on the way (a reader, a stage, an engine), a unit whose parts
+    cover fewer rows than the plan counted stops the run: not committed, no success."""
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False)
+    committer = Committer(_plan(), ledger, None)
+    with pytest.raises(chute.DataError, match=r"unit 'memory\[0:5\]' arrived with 4 rows where"):
+        committer.add([_rec(0, 0, 4, 4)])  # the plan counted 5
+    assert committer.done == set() and committer.rows_out == 0
+    committer.flush()
+    assert Ledger.open(str(tmp_path), "fp", {}, False).entries == {}
+
+
 def test_unit_total_comes_from_the_last_part() -> None:
     committer = Committer(_plan(), None, None)
     committer.add([_rec(0, 0, 5)])  # all rows, but no part says it holds the last one

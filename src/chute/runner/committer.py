@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from chute.errors import DataError
 from chute.evaluation import from_text, to_text
 from chute.ledger import Ledger
 from chute.metrics import State
@@ -123,6 +124,7 @@ class Committer:
             if self.bar is not None:
                 self.bar.advance(record.end - record.start)
             if self._complete(record.unit):
+                self._check_rows(record.unit)
                 completed.append(record.unit)
         if records:
             self.timeline.append((round(time.perf_counter() - self._started, 3), self.write.rows))
@@ -166,6 +168,22 @@ class Committer:
                 return False
             reached = end
         return reached == total
+
+    def _check_rows(self, index: int) -> None:
+        """The last guard against a unit committed short: where the plan counted a unit's
+        rows (Parquet footers, in-memory data), those that arrived must be as many.
+        (Readers check as they read; this holds whatever happened on the way.)"""
+        unit, arrived = self.units[index], self._totals[index]
+        skipped = any(p.skipped for p in self._parts[index])
+        if unit.rows is None or skipped or arrived == unit.rows:
+            return
+        raise DataError(
+            f"unit {unit.id!r} arrived with {arrived:,} rows where the plan counted "
+            f"{unit.rows:,}: it is not committed, and the run stops rather than report the "
+            "output complete. If the input changed during the run, leave it as it is while a "
+            "job runs and run the job again with --overwrite; if it did not, this is a bug "
+            "in chute: please report it with the job."
+        )
 
     def _commit(self, indexes: list[int]) -> None:
         if not indexes:
