@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +235,12 @@ def test_limit_on_files_without_row_counts(tmp_path: Path) -> None:
     assert last.tolist() == [False, False, True]
 
 
-def _changed_under_the_plan(tmp_path: Path, name: str, on_bad_input: str) -> list[pa.Table]:
+def _changed_under_the_plan(
+    tmp_path: Path, name: str, on_bad_input: str, sized: bool = True
+) -> list[pa.Table]:
     """Plan a job over one file of ten rows, rewrite it with six, read its unit with the
-    reader as Ray ships it to a read task (pickled: the source without its listing)."""
+    reader as Ray ships it to a read task (pickled: the source without its listing).
+    Not ``sized``: the unit without its listed size, so that only the rows can tell."""
     path = tmp_path / name
     write = (
         (lambda n: pq.write_table(pa.table({"x": np.arange(n)}), path))
@@ -252,34 +256,37 @@ def _changed_under_the_plan(tmp_path: Path, name: str, on_bad_input: str) -> lis
     plan = build_plan(job)
     write(6)  # Parquet: the same one row group, fewer rows
     reader = pickle.loads(pickle.dumps(plan.reader))
-    return list(reader(plan.units[0]))
+    unit = plan.units[0] if sized else replace(plan.units[0], size=None)
+    return list(reader(unit))
 
 
-@pytest.mark.parametrize("name", ["a.parquet", "a.csv"])
-def test_a_file_that_changed_after_planning_stops_the_job_naming_it(
-    tmp_path: Path, name: str
+CHANGED = [
+    pytest.param("a.parquet", True, "bytes where it was", id="parquet-size"),
+    pytest.param("a.parquet", False, "has 6 rows in its unit where it had 10", id="parquet-rows"),
+    pytest.param("a.csv", True, "is 14 bytes where it was 22", id="csv-size"),
+]
+
+
+@pytest.mark.parametrize(("name", "sized", "says"), CHANGED)
+@pytest.mark.parametrize("on_bad_input", ["fail", "skip"], ids=["streamed", "read-whole"])
+def test_a_file_that_changed_after_planning_is_never_read_as_planned(
+    tmp_path: Path, name: str, sized: bool, says: str, on_bad_input: str
 ) -> None:
-    """The plan counted a unit's rows (Parquet) or listed the file's size (CSV, JSON): a
-    file rewritten with fewer rows while the job runs is an error naming it, never a unit
-    committed short. (Local Parquet is streamed; CSV is read whole, as any file is on an
-    object store or under ``skip``.)"""
+    """A unit's file whose size is not the one listed when the job was planned, or (where
+    the size is unknown) that holds fewer rows than the plan counted, changed during the
+    run: its unit fails naming the file, never committed short; under ``skip`` (where a
+    unit is read whole, as any is on an object store) it is skipped and named instead."""
     changed = "when the job was planned: it changed during the run"
-    with pytest.raises(DataError, match=changed) as caught:
-        _changed_under_the_plan(tmp_path, name, "fail")
-    assert name in str(caught.value)
-    if name.endswith(".parquet"):
-        assert "has 6 rows in its unit where it had 10" in str(caught.value)
-
-
-@pytest.mark.parametrize("name", ["a.parquet", "a.csv"])
-def test_under_skip_a_file_that_changed_after_planning_is_left_out_and_named(
-    tmp_path: Path, name: str
-) -> None:
-    """Under ``on_bad_input: skip`` the unit is read whole and checked the same way: it is
-    skipped (listed in the report with why), not committed short."""
-    (marker,) = _changed_under_the_plan(tmp_path, name, "skip")
-    assert marker.num_rows == 1 and marker.column(ERROR_MODEL).to_pylist() == [SKIPPED]
-    assert "it changed during the run" in marker.column(ERROR_MESSAGE)[0].as_py()
+    if on_bad_input == "fail":
+        with pytest.raises(DataError, match=changed) as caught:
+            _changed_under_the_plan(tmp_path, name, on_bad_input, sized)
+        message = str(caught.value)
+    else:
+        (marker,) = _changed_under_the_plan(tmp_path, name, on_bad_input, sized)
+        assert marker.num_rows == 1 and marker.column(ERROR_MODEL).to_pylist() == [SKIPPED]
+        message = marker.column(ERROR_MESSAGE)[0].as_py()
+        assert changed in message
+    assert name in message and says in message
 
 
 def test_reader_tags_rows_and_marks_the_last() -> None:

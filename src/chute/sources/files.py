@@ -221,6 +221,21 @@ class FileSource:
         """Open a file for random access."""
         return open_input_file(self.filesystem, path)
 
+    def _open_unit(self, path: str, listed: int | None) -> Any:
+        """Open a unit's file; one whose size is not the ``listed`` one (its unit's, from
+        planning) changed since: its rows are not those planned, and it is not read."""
+        handle = self._open(path)
+        if listed is not None and handle.size() != listed:
+            size = handle.size()
+            handle.close()
+            raise DataError(
+                f"input file {path!r} is {size:,} bytes where it was {listed:,} when the job "
+                "was planned: it changed during the run. Leave the input as it is while a job "
+                "runs; to start over on the input as it is now, run the job again with "
+                "--overwrite (what it wrote came from the input it planned)."
+            )
+        return handle
+
     def schema(self) -> pa.Schema:
         """The columns of the first file that can be read (for CSV and JSON Lines, of the
         first with rows: a header alone has no types). A file that cannot be read is
@@ -336,13 +351,13 @@ class FileSource:
             self.files()
         if self.format != "parquet" or unit.path is None or not is_local(self.filesystem):
             return None
-        return self._stream(unit.path, list(unit.row_groups or ()), columns)
+        return self._stream(unit.path, list(unit.row_groups or ()), columns, unit.size)
 
     def _stream(
-        self, path: str, groups: list[int], columns: Sequence[str] | None
+        self, path: str, groups: list[int], columns: Sequence[str] | None, listed: int | None
     ) -> Iterator[pa.Table]:
         try:  # opening is retried; a local file that fails half-way fails its unit
-            handle = retrying(lambda: self._open(path), f"reading {path}")
+            handle = retrying(lambda: self._open_unit(path, listed), f"reading {path}")
             with handle:
                 pf = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False)
                 names = pf.schema_arrow.names
@@ -359,7 +374,7 @@ class FileSource:
             cols = list(columns) if columns is not None else None
             if size is not None and not is_local(self.filesystem):  # no HEAD per object
                 return read_row_groups(self.filesystem, path, size, groups, cols)
-            pf = pq.ParquetFile(self._open(path))
+            pf = pq.ParquetFile(self._open_unit(path, size))
             if cols is not None:
                 cols = [c for c in cols if c in pf.schema_arrow.names]
             return pf.read_row_groups(groups, columns=cols)
@@ -368,16 +383,8 @@ class FileSource:
     def _read_file(
         self, path: str, columns: Sequence[str] | None, listed: int | None = None
     ) -> pa.Table:
-        """A CSV or JSON Lines file; one whose size is not the ``listed`` one (its unit's,
-        from planning) changed since: its rows are not those planned."""
-        with self._open(path) as handle:
-            if listed is not None and handle.size() != listed:
-                raise DataError(
-                    f"input file {path!r} is {handle.size():,} bytes where it was {listed:,} "
-                    "when the job was planned: it changed during the run. Leave the input as "
-                    "it is while a job runs; to start over on the input as it is now, run the job "
-                    "again with --overwrite (what it wrote came from the input it planned)."
-                )
+        """A CSV or JSON Lines file (checked against its ``listed`` size: :meth:`_open_unit`)."""
+        with self._open_unit(path, listed) as handle:
             if self.format == "csv":
                 opts = pacsv.ConvertOptions(
                     include_columns=list(columns) if columns else None,
