@@ -47,6 +47,14 @@ class DataError(ChuteError):
     exit_code = 3
 
 
+INPUT_CHANGED = (
+    "it changed during the run. Leave the input as it is while a job runs; to start over on "
+    "the input as it is now, run the job again with --overwrite (what it wrote came from the "
+    "input it planned)."
+)
+"""How a :class:`DataError` about an input file that changed since planning ends."""
+
+
 class ModelError(ChuteError):
     """A model could not be loaded, or raised while predicting.
 

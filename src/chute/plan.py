@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
-from chute.errors import ConfigError, DataError, missing_columns_error
+from chute.errors import INPUT_CHANGED, ConfigError, DataError, missing_columns_error
 from chute.evaluation import Evaluation
 from chute.formats import csv_error, nested
 from chute.job import BatchFormat, JobSpec, Model, Preprocess
@@ -235,9 +235,7 @@ def _changed(unit: Unit, rows: int) -> str:
     """The error of a unit whose input holds fewer rows than the plan counted."""
     return (
         f"input {unit.path or unit.id!r} has {rows:,} rows in its unit where it had "
-        f"{unit.rows:,} when the job was planned: it changed during the run. Leave the "
-        "input as it is while a job runs; to start over on the input as it is now, run the "
-        "job again with --overwrite (what it wrote came from the input it planned)."
+        f"{unit.rows:,} when the job was planned: {INPUT_CHANGED}"
     )
 
 

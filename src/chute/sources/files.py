@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import ChuteError, DataError
+from chute.errors import INPUT_CHANGED, ChuteError, DataError
 from chute.retry import retrying
 from chute.sources.base import (
     FORMATS,
@@ -225,14 +225,11 @@ class FileSource:
         """Open a unit's file; one whose size is not the ``listed`` one (its unit's, from
         planning) changed since: its rows are not those planned, and it is not read."""
         handle = self._open(path)
-        if listed is not None and handle.size() != listed:
-            size = handle.size()
+        if listed is not None and (size := handle.size()) != listed:
             handle.close()
             raise DataError(
                 f"input file {path!r} is {size:,} bytes where it was {listed:,} when the job "
-                "was planned: it changed during the run. Leave the input as it is while a job "
-                "runs; to start over on the input as it is now, run the job again with "
-                "--overwrite (what it wrote came from the input it planned)."
+                f"was planned: {INPUT_CHANGED}"
             )
         return handle
 
