@@ -250,6 +250,57 @@ def test_jsonl_output_keeps_every_float_exactly(engine: str, tmp_path: Path) -> 
     _same_bits([r["m_v"] for r in rows], values)  # a model output
 
 
+def count(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An integer model output: the input's row ids, doubled."""
+    return {"n": batch["id"] * 2}
+
+
+@pytest.mark.timeout(300)
+def test_parquet_output_encodes_each_column_by_its_kind_and_keeps_every_value(
+    engine: str, tmp_path: Path
+) -> None:
+    """Ids, times and integer outputs delta-encoded, repeating labels in a dictionary,
+    scores plain; read back, every value is the one written, nulls and extremes included."""
+    import chute
+
+    n = 20_000
+    rng = np.random.default_rng(3)
+    wide = rng.integers(-(2**63), 2**63 - 1, n)
+    table = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "at": pa.array(np.arange(n) * 1_000 + 1_700_000_000_000_000, pa.timestamp("us", "UTC")),
+            "day": pa.array(np.arange(n, dtype=np.int32) % 20_000, pa.date32()),
+            "wide": pa.array([None if i % 7 == 0 else int(v) for i, v in enumerate(wide)]),
+            "label": pa.array(rng.choice(["cat", "dog", None], n)),
+            "x": rng.normal(size=n),
+        }
+    )
+    model = chute.Model("m", count, inputs=("id",), batch_format="numpy")
+    out = tmp_path / "out"
+    chute.Job(
+        source=TableSource(table),
+        models=[model],
+        carryover=["id", "at", "day", "wide", "label", "x"],
+        engine=engine,
+        output=Sink(str(out), "parquet"),
+    ).run()
+
+    files = sorted(out.glob("part-*.parquet"))
+    back = pa.concat_tables(pq.read_table(f) for f in files).sort_by("id")
+    assert back.select(table.column_names).equals(table)
+    assert back["m_n"].to_pylist() == [2 * i for i in range(n)]
+    meta = pq.ParquetFile(files[0]).metadata.row_group(0)
+    encodings = {
+        meta.column(i).path_in_schema: set(meta.column(i).encodings)
+        for i in range(meta.num_columns)
+    }
+    for name in ("id", "at", "day", "wide", "m_n"):
+        assert "DELTA_BINARY_PACKED" in encodings[name], (name, encodings[name])
+    assert "RLE_DICTIONARY" in encodings["label"]
+    assert encodings["x"] == {"PLAIN", "RLE"}
+
+
 def test_jsonl_writes_nan_and_infinity_as_null_and_keeps_float32_short() -> None:
     from chute.sinks import encode
 

@@ -218,6 +218,16 @@ def test_table_holds_what_parquet_holds(
     assert all(m[JOB_KEY] == report.fingerprint[:16] for m in history(sink))
     saved = json.loads(next(_location(sink).glob("_chute/jobs/*/report.json")).read_text())
     assert saved["table"]["format"] == fmt and saved["table"]["commits"] == len(history(sink))
+    for path in _location(sink).rglob("*.parquet"):  # no encoding an engine may refuse
+        meta = pq.ParquetFile(path).metadata
+        chunks = [c for g in range(meta.num_row_groups) for c in _chunks(meta, g)]
+        used = {e for c in chunks for e in c.encodings}
+        assert "DELTA_BINARY_PACKED" not in used, path
+
+
+def _chunks(meta: pq.FileMetaData, group: int) -> list[pq.ColumnChunkMetaData]:
+    row_group = meta.row_group(group)
+    return [row_group.column(i) for i in range(row_group.num_columns)]
 
 
 @pytest.mark.timeout(120)

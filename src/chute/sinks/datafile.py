@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from chute.formats import check_csv
 from chute.retry import retrying
-from chute.sinks.files import dictionary_columns, encode
+from chute.sinks.files import encode, parquet_options
 from chute.sinks.records import PartRecord
 from chute.storage import is_local, put, writing
 
@@ -122,8 +122,8 @@ class DataFile:
 
     def _encode(self, table: pa.Table) -> None:
         if self._encoder is None and self._fmt == "parquet":
-            use = dictionary_columns(table)
-            self._encoder = pq.ParquetWriter(self._out, table.schema, use_dictionary=use)
+            options = parquet_options(table)
+            self._encoder = pq.ParquetWriter(self._out, table.schema, **options)
         elif self._encoder is None and self._fmt == "csv":
             check_csv(table.schema)  # a list column the plan could not foresee
             self._encoder = pacsv.CSVWriter(self._out, table.schema)

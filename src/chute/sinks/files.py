@@ -151,9 +151,25 @@ def encode(table: pa.Table, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def write_parquet(table: pa.Table, out: Any) -> None:
-    """Write ``table`` as Parquet to the stream ``out``."""
-    pq.write_table(table, out, use_dictionary=dictionary_columns(table))
+def write_parquet(table: pa.Table, out: Any, *, delta: bool = True) -> None:
+    """Write ``table`` as Parquet to the stream ``out`` (see :func:`parquet_options`)."""
+    pq.write_table(table, out, **parquet_options(table, delta=delta))
+
+
+def parquet_options(table: pa.Table, *, delta: bool = True) -> dict[str, Any]:
+    """How chute encodes a Parquet file of rows like ``table``'s (``pyarrow.parquet``'s
+    writer options): a dictionary where values repeat (:func:`dictionary_columns`), delta
+    encoding for the other integer and time columns (:func:`delta_columns`) unless
+    ``delta`` is false, the rest plain; every page snappy-compressed.
+
+    A table sink's data files go without delta encoding: a table is read by many engines,
+    and Iceberg's own vectorized Parquet reader (Spark's by default) refused it until
+    2025 ("Cannot support vectorized reads ... with encoding DELTA_BINARY_PACKED", Iceberg
+    issue 7162)."""
+    dictionary = dictionary_columns(table)
+    chosen = delta_columns(table, dictionary) if delta else []
+    encoding = dict.fromkeys(chosen, "DELTA_BINARY_PACKED")
+    return {"use_dictionary": dictionary, "column_encoding": encoding or None}
 
 
 DICTIONARY_SAMPLE = 8_192
@@ -177,6 +193,32 @@ def dictionary_columns(table: pa.Table) -> list[str]:
         if distinct * 4 <= max(sample.num_rows, 1):
             chosen.append(field.name)
     return chosen
+
+
+def delta_columns(table: pa.Table, dictionary: Sequence[str] = ()) -> list[str]:
+    """The top-level integer and time columns (ids, counts, timestamps, dates) without a
+    dictionary: Parquet's ``DELTA_BINARY_PACKED`` stores each as its differences,
+    bit-packed. On the demo's output that took the file from 21 to 9 MB, its encoding from
+    0.25 to 0.19 CPU s and its decoding from 0.19 to 0.10; on random 64-bit values it is
+    no larger and no slower than plain (``benchmarks/RESULTS.md``). Every reader of Parquet's
+    version 2 encodings reads it (pyarrow, Spark 3.3 on, DuckDB, Polars, Trino)."""
+    chosen = []
+    for field in table.schema:
+        if field.name in dictionary or "." in field.name:  # a dot would name a nested path
+            continue
+        if any(test(field.type) for test in _DELTA_TYPES):
+            chosen.append(field.name)
+    return chosen
+
+
+_DELTA_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_timestamp,
+    pa.types.is_date,
+    pa.types.is_time,
+    pa.types.is_duration,
+)
+"""Types Parquet stores as 32- or 64-bit integers, which delta encoding takes."""
 
 
 def _floating(kind: pa.DataType) -> bool:

@@ -266,7 +266,10 @@ class PartWriter:
         if folder and is_local(fs):  # object stores have no directories to make
             make_dir(fs, f"{root}/{folder}")
         if fmt == "parquet":  # streamed into the file: no copy of the file in memory
-            payload: bytes | Callable[[pa.NativeFile], None] = partial(write_parquet, table)
+            delta = not isinstance(self.sink, TableSink)  # see parquet_options
+            payload: bytes | Callable[[pa.NativeFile], None] = partial(
+                write_parquet, table, delta=delta
+            )
         else:
             payload = encode(table, fmt)
         size = retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
