@@ -5,8 +5,8 @@ On 2 CPUs a sub-second job is bound by CPU time, not by how it is scheduled. Thi
 in CPU seconds (medians of ``--repeat`` runs, each after a warm-up in the same process):
 
 * **decode**: reading the columns the job reads from every input file with pyarrow;
-* **encode**: writing the job's output (those columns and a float32 score) with pyarrow,
-  snappy and the dictionary choice chute makes (:func:`chute.sinks.files.dictionary_columns`);
+* **encode**: writing the job's output (those columns and a float32 score) with pyarrow
+  and the encodings chute chooses (:func:`chute.sinks.files.parquet_options`);
 * **chute local** and **Daft**: whole runs of ``bench.py``'s taxi variants, each in a
   process of its own (``bench.py --child``), as the bench measures them.
 
@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from chute.demo import CARRYOVER, TOTAL_ROWS, generate
-from chute.sinks.files import dictionary_columns
+from chute.sinks.files import parquet_options
 
 BENCH = Path(__file__).resolve().parent / "bench.py"
 INPUTS = ("passenger_count",)
@@ -73,9 +73,9 @@ def scored(tables: list[pa.Table]) -> list[pa.Table]:
 def encode(tables: list[pa.Table], directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
-    use = dictionary_columns(tables[0])
+    options = parquet_options(tables[0])
     for i, table in enumerate(tables):
-        pq.write_table(table, os.path.join(directory, f"{i:03d}.parquet"), use_dictionary=use)
+        pq.write_table(table, os.path.join(directory, f"{i:03d}.parquet"), **options)
 
 
 def whole_run(variant: str, rows: int, out: str) -> tuple[float, float]:
