@@ -75,6 +75,9 @@ class Unit:
     size: int | None = None
     """The file's size in bytes when it was listed: a remote read asks for its byte ranges
     without a request for the size (the unit carries it, not the listing)."""
+    stamp: int | None = None
+    """The file's modification time (ns) when it was listed: a local file read with another
+    was rewritten since, even at the same size."""
 
 
 class Source(Protocol):

@@ -7,6 +7,7 @@ here reads data rows until an engine asks for a unit.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import fnmatch
 import io
@@ -124,6 +125,14 @@ def _empty_error(path: str, count: int) -> DataError:
         f"input file {redact(path)!r} is empty (0 bytes){others}: there is nothing to read. "
         "Check that the file was written completely, or remove it."
     )
+
+
+def _when(ns: int | None) -> str:
+    """A file's modification time, for an error message (UTC, to the millisecond)."""
+    if ns is None:
+        return "unknown"
+    at = datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc)
+    return at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 def _hidden(relative: str) -> bool:
@@ -276,6 +285,7 @@ class FileSource:
                     path=f,
                     error=self._bad.get(f, ""),
                     size=self._size(f),
+                    stamp=self._stamp(f),
                 )
                 for i, f in enumerate(files)
             ]
@@ -305,7 +315,7 @@ class FileSource:
         units: list[Unit] = []
         group: list[int] = []
         rows = nbytes = 0
-        size = self._size(path)
+        size, stamp = self._stamps.get(path, (None, None))
         for rg in range(meta.num_row_groups):
             group.append(rg)
             rows += meta.row_group(rg).num_rows
@@ -314,15 +324,40 @@ class FileSource:
                 whole = len(group) == meta.num_row_groups
                 uid = self._unit_id(path) + ("" if whole else f"#rg{group[0]}-{group[-1]}")
                 units.append(
-                    Unit(start + len(units), uid, rows, nbytes, path, tuple(group), size=size)
+                    Unit(
+                        start + len(units),
+                        *(uid, rows, nbytes, path, tuple(group)),
+                        size=size,
+                        stamp=stamp,
+                    )
                 )
                 group, rows, nbytes = [], 0, 0
         if meta.num_row_groups == 0:
-            units.append(Unit(start, self._unit_id(path), 0, 0, path, (), size=size))
+            units.append(Unit(start, self._unit_id(path), 0, 0, path, (), size=size, stamp=stamp))
         return units
 
     def _size(self, path: str) -> int | None:
         return self._stamps.get(path, (None, None))[0]
+
+    def _stamp(self, path: str) -> int | None:
+        return self._stamps.get(path, (None, None))[1]
+
+    def _unchanged(self, unit: Unit) -> None:
+        """Called once a unit's rows are read, before the last of them is handed on: a local
+        file whose size or modification time is not the listing's was rewritten since
+        planning (even at its old size), and what was read may mix two versions of it.
+
+        Object stores are not asked (a HEAD per object, against reads planned to need
+        none): an object is replaced whole, and a new size is caught as the file opens."""
+        path, stamp = unit.path, unit.stamp
+        if path is None or stamp is None or not is_local(self.filesystem):
+            return
+        info = self.filesystem.get_file_info(path)
+        if info.mtime_ns != stamp or (unit.size is not None and info.size != unit.size):
+            raise DataError(
+                f"input file {path!r} was modified after the job was planned "
+                f"({_when(stamp)} then, {_when(info.mtime_ns)} now): {INPUT_CHANGED}"
+            )
 
     def _unit_id(self, path: str) -> str:
         return path
@@ -334,9 +369,11 @@ class FileSource:
             self.files()  # infers the format: never read Parquet as JSON
         path = unit.path
         try:
-            return retrying(lambda: self._read_unit(path, unit, columns), f"reading {path}")
+            table = retrying(lambda: self._read_unit(path, unit, columns), f"reading {path}")
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read input file {path!r}: {exc}") from exc
+        self._unchanged(unit)
+        return table
 
     def stream(self, unit: Unit, columns: Sequence[str] | None) -> Iterator[pa.Table] | None:
         """A local Parquet unit's rows in batches of :data:`READ_BATCH_ROWS` as they are
@@ -348,18 +385,21 @@ class FileSource:
             self.files()
         if self.format != "parquet" or unit.path is None or not is_local(self.filesystem):
             return None
-        return self._stream(unit.path, list(unit.row_groups or ()), columns, unit.size)
+        return self._stream(unit, columns)
 
-    def _stream(
-        self, path: str, groups: list[int], columns: Sequence[str] | None, listed: int | None
-    ) -> Iterator[pa.Table]:
+    def _stream(self, unit: Unit, columns: Sequence[str] | None) -> Iterator[pa.Table]:
+        """The batches of :meth:`stream`; the file is checked (:meth:`_unchanged`) before its
+        last planned row is handed on, so a unit read from a rewritten file never completes."""
+        path, groups, left = str(unit.path), list(unit.row_groups or ()), unit.rows
         try:  # opening is retried; a local file that fails half-way fails its unit
-            handle = retrying(lambda: self._open_unit(path, listed), f"reading {path}")
+            handle = retrying(lambda: self._open_unit(path, unit.size), f"reading {path}")
             with handle:
                 pf = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False)
                 names = pf.schema_arrow.names
                 cols = None if columns is None else [c for c in columns if c in names]
                 for batch in pf.iter_batches(READ_BATCH_ROWS, row_groups=groups, columns=cols):
+                    if left is not None and (left := left - batch.num_rows) <= 0:
+                        self._unchanged(unit)
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read input file {path!r}: {exc}") from exc
