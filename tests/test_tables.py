@@ -27,6 +27,7 @@ import pytest
 
 import chute
 from chute.lease import Lease
+from chute.tableledger import TableLedger
 from chute.tables import JOB_KEY, UNITS_KEY, Index, TableSink, units_of
 from tests import s3server
 from tests.chaos_job import HERE, driver_env, make_data, reap, start_driver, wait_for
@@ -228,6 +229,41 @@ def test_table_holds_what_parquet_holds(
 def _chunks(meta: pq.FileMetaData, group: int) -> list[pq.ColumnChunkMetaData]:
     row_group = meta.row_group(group)
     return [row_group.column(i) for i in range(row_group.num_columns)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_commit_whose_confirmation_failed_is_never_added_twice(
+    fmt: str,
+    engine: str,
+    data: Path,
+    expected: pd.DataFrame,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger's confirmation of a batch the table took fails once (a moment's I/O
+    error): the batch is tried again, by the next commit or by the failed run's last
+    flush, and finds its transaction in the table: it is confirmed, not added again. The
+    run ends well, or fails and its resume does: either way every unit is in the table
+    once (before, a run could report success with a batch's rows in the table twice)."""
+    real = TableLedger._confirm
+    calls: list[list[str]] = []
+
+    def flaky(self: TableLedger, tokens: list[str]) -> None:
+        calls.append(tokens)
+        if len(calls) == 1:
+            raise OSError(5, "the ledger's disk failed for a moment")
+        real(self, tokens)
+
+    monkeypatch.setattr(TableLedger, "_confirm", flaky)
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    try:
+        report = job(data, sink, engine).run()
+    except chute.ChuteError as exc:
+        assert "the ledger's disk failed" in str(exc)
+        report = job(data, sink, engine).run()  # the resume
+    assert calls and report.units_done + report.units_skipped == UNITS
+    check_once(sink, expected)
 
 
 @pytest.mark.timeout(120)

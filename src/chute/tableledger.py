@@ -18,9 +18,11 @@ A commit batch is three steps, each one durable before the next starts:
 A unit is committed once its batch is confirmed. A resume that finds a staged batch
 without its confirmation (the driver died between 1 and 3) looks for the token in the
 table's history: there, the batch is confirmed now; absent, its units are forgotten and
-recomputed, and their files removed as orphans. So every unit is in the table once,
-however the driver dies, and the table's history is consulted only for the last batch
-of a killed run (a table's history can be expired; chute's ledger is not).
+recomputed, and their files removed as orphans. A batch tried again within a run (its
+confirmation failed, or an interrupt came after step 1) is looked for the same way before
+anything is added. So every unit is in the table once, however the driver dies or a step
+fails, and the table's history is consulted only for a batch whose try did not finish
+(a table's history can be expired; chute's ledger is not).
 
 chute never deletes a row from a table: ``--overwrite`` cannot redo a job that committed
 rows, and a table's committed units are trusted without a listing (the table owns those
@@ -72,8 +74,8 @@ class TableLedger(Ledger):
         self.sink: TableSink | None = None
         self.table: Table | None = None
         self.job = ""
-        self.commits = 0
-        """Table transactions this run made."""
+        self._landed: set[str] = set()
+        """Tokens of the batches this run added to the table."""
         self._confirmed: set[str] = set()
         self._schema: pa.Schema | None = None
         self._checked: set[str] = set()
@@ -191,6 +193,9 @@ class TableLedger(Ledger):
             return
         if self._broken is not None:
             raise JobStateError(self._broken)
+        batch = self._not_landed(batch)
+        if not batch:
+            return
         schema = self._check(batch)
         token = uuid.uuid4().hex
         staged = [{**_without_table(e), "batch": token} for e in batch]
@@ -199,6 +204,30 @@ class TableLedger(Ledger):
         if files:
             self._add(files, schema, token, [e["index"] for e in batch])
         self._confirm([token])
+
+    @property
+    def commits(self) -> int:
+        """Table transactions this run made."""
+        return len(self._landed)
+
+    def _not_landed(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The units of ``batch`` still to add. A batch is tried again when an earlier try
+        failed after staging it (its confirmation failed, an interrupt, the table's schema
+        unreadable): where that try's transaction is in the table, it is confirmed now,
+        never added a second time."""
+        tried = {
+            entry["batch"]
+            for e in batch
+            if (entry := self._entries.get(e["unit"])) is not None and self._staged(entry)
+        }
+        if not tried:
+            return batch
+        assert self.table is not None
+        held = self.table.committed(tried)
+        if held:
+            self._confirm(sorted(held))
+            self._landed |= held
+        return [e for e in batch if self._entries.get(e["unit"], {}).get("batch") not in held]
 
     def _add(
         self, files: list[DataFile], schema: pa.Schema | None, token: str, units: list[int]
@@ -209,7 +238,7 @@ class TableLedger(Ledger):
         except Exception as exc:
             self._after_failure(token, units, exc)
             raise
-        self.commits += 1
+        self._landed.add(token)
         if self._schema is None:
             self._schema = self.table.schema()
 
