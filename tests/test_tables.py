@@ -266,6 +266,38 @@ def test_a_commit_whose_confirmation_failed_is_never_added_twice(
     check_once(sink, expected)
 
 
+TABLE_CLASSES = {
+    "iceberg": "chute.tables.iceberg.Iceberg",
+    "delta": "chute.tables.delta.Delta",
+    "lance": "chute.tables.lance.Lance",
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_landed_batch_the_history_no_longer_shows_is_found_by_its_files(
+    fmt: str, data: Path, expected: pd.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stops with batches the table took but the ledger never confirmed; by the
+    resume the table's history no longer shows their commits (snapshots expired, more
+    than a thousand commits since). The table still names their files: the resume
+    confirms them, adds nothing twice and removes none of the table's files."""
+
+    def broken(self: TableLedger, tokens: list[str]) -> None:
+        raise OSError(5, "the ledger's disk is gone")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TableLedger, "_confirm", broken)
+        sink = table_sink(fmt, tmp_path, commit_seconds=0)
+        with pytest.raises(chute.ChuteError, match="the ledger's disk is gone"):
+            job(data, sink).run()
+    assert history(sink), "the first run's batches should be in the table"
+    monkeypatch.setattr(f"{TABLE_CLASSES[fmt]}.committed", lambda self, tokens: set())
+    report = job(data, sink).run()
+    assert report.units_done + report.units_skipped == UNITS
+    check_once(sink, expected)
+
+
 @pytest.mark.timeout(120)
 def test_duckdb_reads_the_files_the_delta_log_names(
     data: Path, expected: pd.DataFrame, tmp_path: Path

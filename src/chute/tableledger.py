@@ -17,12 +17,13 @@ A commit batch is three steps, each one durable before the next starts:
 
 A unit is committed once its batch is confirmed. A resume that finds a staged batch
 without its confirmation (the driver died between 1 and 3) looks for the token in the
-table's history: there, the batch is confirmed now; absent, its units are forgotten and
-recomputed, and their files removed as orphans. A batch tried again within a run (its
-confirmation failed, or an interrupt came after step 1) is looked for the same way before
-anything is added. So every unit is in the table once, however the driver dies or a step
-fails, and the table's history is consulted only for a batch whose try did not finish
-(a table's history can be expired; chute's ledger is not).
+table's history, then (where the history no longer shows it) for the batch's data files
+in the table's current state: there, the batch is confirmed now; absent, its units are
+forgotten and recomputed, and their files removed as orphans. A batch tried again within
+a run (its confirmation failed, or an interrupt came after step 1) is looked for the
+same way before anything is added. So every unit is in the table once, however the
+driver dies or a step fails, and the table's history is consulted only for a batch whose
+try did not finish (a table's history can be expired; chute's ledger is not).
 
 chute never deletes a row from a table: ``--overwrite`` cannot redo a job that committed
 rows, and a table's committed units are trusted without a listing (the table owns those
@@ -168,11 +169,28 @@ class TableLedger(Ledger):
             return
         assert self.table is not None
         held = self.table.committed(staged)
+        held |= self._found_in_table(staged - held)
         if held:
             self._confirm(sorted(held))
         for unit, entry in list(self._entries.items()):
             if entry.get("batch") in staged - held:
                 del self._entries[unit]
+
+    def _found_in_table(self, tokens: set[str]) -> set[str]:
+        """Batches whose commit the table's history no longer shows (expired, or older than
+        what is read of it) but whose data files the table holds: they landed. Without
+        this their units would be computed again, their rows added twice, and their files,
+        which the table names, removed as orphans."""
+        if not tokens:
+            return set()
+        files: dict[str, set[str]] = {t: set() for t in tokens}
+        for entry in self._entries.values():
+            if entry.get("batch") in files:
+                paths = (f[0] for f in entry.get("files", []))
+                files[entry["batch"]].update(p for p in paths if p.startswith(f"{DATA_DIR}/"))
+        assert self.table is not None
+        present = self.table.holds(set().union(*files.values()))
+        return {t for t, paths in files.items() if paths & present}
 
     def _staged(self, entry: dict[str, Any]) -> bool:
         return "batch" in entry and entry["batch"] not in self._confirmed

@@ -250,6 +250,10 @@ class Table(Protocol):
     def committed(self, tokens: set[str]) -> set[str]:
         """Which of these batch tokens a commit in the table's history holds."""
 
+    def holds(self, paths: set[str]) -> set[str]:
+        """Which of these data files (relative to the table's location) the table's current
+        state names: the answer where its history no longer shows a batch's commit."""
+
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
         """Add ``files`` in one transaction whose metadata holds ``meta`` (creating the
         table with ``schema`` if it does not exist)."""

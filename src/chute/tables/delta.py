@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -68,6 +69,14 @@ class Delta:
             if found == tokens:
                 break
         return found
+
+    def holds(self, paths: set[str]) -> set[str]:
+        table = self._load()
+        if table is None or not paths:
+            return set()
+        added = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        current = {unquote(a) for a in added} | set(added)  # the log's paths are URL-encoded
+        return paths & current
 
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
         now = int(time.time() * 1000)

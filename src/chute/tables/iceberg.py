@@ -64,6 +64,13 @@ class Iceberg:
                 found.add(token)
         return found
 
+    def holds(self, paths: set[str]) -> set[str]:
+        table = self._load()
+        if table is None or not paths or table.current_snapshot() is None:
+            return set()
+        current = set(table.inspect.files().column("file_path").to_pylist())
+        return {p for p in paths if f"{self.location}/{p}" in current}
+
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
         table = self._load() or self._create(schema)
         paths = [f"{self.location}/{f.path}" for f in files]

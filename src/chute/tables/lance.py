@@ -80,6 +80,15 @@ class Lance:
                 found.add(props[BATCH_KEY])
         return found
 
+    def holds(self, paths: set[str]) -> set[str]:
+        dataset = self._load()
+        if dataset is None or not paths:
+            return set()
+        current = {
+            f"{DATA_DIR}/{f.path}" for frag in dataset.get_fragments() for f in frag.metadata.files
+        }
+        return paths & current
+
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
         fragments = [FragmentMetadata.from_json(_json(f.fragment)) for f in files if f.fragment]
         dataset = self._load()
