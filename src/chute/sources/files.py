@@ -353,6 +353,10 @@ class FileSource:
         if path is None or stamp is None or not is_local(self.filesystem):
             return
         info = self.filesystem.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise DataError(
+                f"input file {path!r} was removed after the job was planned: {INPUT_CHANGED}"
+            )
         if info.mtime_ns != stamp or (unit.size is not None and info.size != unit.size):
             raise DataError(
                 f"input file {path!r} was modified after the job was planned "
