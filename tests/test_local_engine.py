@@ -92,6 +92,28 @@ def test_a_finished_tail_never_waits_for_rows_that_have_not_arrived() -> None:
     assert rebatcher.take() is None
 
 
+@pytest.mark.timeout(10)
+def test_a_batch_of_several_units_tails_goes_on_unit_by_unit() -> None:
+    """A second model's rebatcher gets the first's batches, and a batch of joined tails
+    holds several units: unit 0's tail, all of unit 1, and unit 2's first rows. Units 0
+    and 1 are finished and go on at once; unit 2 waits for its last rows only, not for
+    the end of the input (before, the whole batch was filed under unit 0, unfinished, and
+    stayed until the input ended: later commits, and memory that grew with the input)."""
+    channel = Channel(4, 1, threading.Event())
+    rebatcher = Rebatcher(channel, 100)
+    mixed = pa.concat_tables(
+        [_slices(0, 50, 10)[-1], _slices(1, 10, 10)[0], _slices(2, 30, 20)[0]]
+    )
+    channel.put(mixed)
+    first = rebatcher.take()
+    assert first is not None and _units(first) == [0, 1] and first.num_rows == 20
+    channel.put(_slices(2, 30, 20)[1])
+    second = rebatcher.take()
+    assert second is not None and _units(second) == [2] and second.num_rows == 30
+    channel.close()
+    assert rebatcher.take() is None
+
+
 @pytest.mark.timeout(120)
 def test_a_writer_per_four_cores_writes_every_row_once_into_few_files(
     taxi_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

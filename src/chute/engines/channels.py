@@ -3,10 +3,12 @@ cuts what a channel brings into model batches one unit at a time."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
 
+import numpy as np
 import pyarrow as pa
 
 from chute.stages import KEY, ROW_BITS
@@ -112,6 +114,10 @@ class Rebatcher:
         if not table.num_rows:
             return
         keys = table.column(KEY)
+        if _unit_of(keys[0].as_py()) != _unit_of(keys[-1].as_py()):  # joined tails
+            for piece in _by_unit(table):
+                self._add(piece)
+            return
         unit = _unit_of(keys[0].as_py())
         self._units.setdefault(unit, []).append(table)
         if keys[-1].as_py() < 0:  # the unit's last row: nothing more of it will come
@@ -163,6 +169,15 @@ class Rebatcher:
 
 def _unit_of(key: int) -> int:
     return (-key - 1 if key < 0 else key) >> ROW_BITS
+
+
+def _by_unit(table: pa.Table) -> list[pa.Table]:
+    """``table`` cut where its rows' unit changes (a batch of joined tails, as an earlier
+    model's rebatcher makes them: each unit's rows together, in order)."""
+    keys = table.column(KEY).to_numpy()
+    units = np.where(keys < 0, -keys - 1, keys) >> ROW_BITS
+    cuts = [0, *(np.flatnonzero(np.diff(units)) + 1).tolist(), len(units)]
+    return [table.slice(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
