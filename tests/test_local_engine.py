@@ -101,9 +101,7 @@ def test_a_batch_of_several_units_tails_goes_on_unit_by_unit() -> None:
     stayed until the input ended: later commits, and memory that grew with the input)."""
     channel = Channel(4, 1, threading.Event())
     rebatcher = Rebatcher(channel, 100)
-    mixed = pa.concat_tables(
-        [_slices(0, 50, 10)[-1], _slices(1, 10, 10)[0], _slices(2, 30, 20)[0]]
-    )
+    mixed = pa.concat_tables([_slices(0, 50, 10)[-1], _slices(1, 10, 10)[0], _slices(2, 30, 20)[0]])
     channel.put(mixed)
     first = rebatcher.take()
     assert first is not None and _units(first) == [0, 1] and first.num_rows == 20
