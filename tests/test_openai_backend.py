@@ -35,6 +35,8 @@ class Endpoint(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.plan: dict[str, list[tuple[int, dict[str, str], float]]] = {}
+        self.pages: dict[str, list[bytes]] = {}
+        """Bodies to send with a 200, instead of an answer, for the first calls of a prompt."""
         self.calls: list[tuple[str, float, dict[str, str]]] = []
         self.lock = threading.Lock()
 
@@ -56,6 +58,8 @@ class Handler(BaseHTTPRequestHandler):
             self.server.calls.append((prompt, time.monotonic(), dict(self.headers)))
             plan = self.server.plan.get(prompt) or []
             status, headers, delay = plan.pop(0) if plan else (200, {}, 0.0)
+            pages = self.server.pages.get(prompt) or []
+            page = pages.pop(0) if pages and status == 200 else None
         time.sleep(delay)
         if status == 200:
             reply: dict[str, Any] = {
@@ -64,7 +68,7 @@ class Handler(BaseHTTPRequestHandler):
             }
         else:
             reply = {"error": {"message": f"refused {prompt}", "type": "x", "code": status}}
-        data = json.dumps(reply).encode()
+        data = json.dumps(reply).encode() if page is None else page
         try:
             self.send_response(status)
             for name, value in headers.items():
@@ -151,6 +155,44 @@ def test_a_server_that_stays_down_stops_the_job_and_a_rerun_resumes(
     report = job(endpoint, tmp_path / "out", max_retries=2, backoff=0.01).run()
     assert report.rows_out + report.rows_skipped == 6
     table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("status", [401, 403, 404, 307])
+def test_a_refusal_no_request_gets_past_stops_the_job_and_a_rerun_answers(
+    endpoint: Endpoint, tmp_path: Path, status: int
+) -> None:
+    """A wrong key (401, 403), a wrong model name or URL (404), a redirect: every request
+    would get it, so the job stops at once, naming the status and what to check; no row
+    gets it as its answer, and the rerun, once fixed, answers every request."""
+    endpoint.plan["p3"] = [(status, {}, 0.0)]
+    with pytest.raises(ModelError, match=rf"answered {status} .*Check the API key, the base URL"):
+        job(endpoint, tmp_path / "out", backoff=0.01).run()
+    assert sum(1 for prompt, *_ in endpoint.calls if prompt == "p3") == 1  # not retried
+    job(endpoint, tmp_path / "out", backoff=0.01).run()
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
+    assert table.column("gen_error").null_count == 6
+
+
+@pytest.mark.timeout(120)
+def test_a_200_without_an_answer_is_tried_again_and_never_written_as_one(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """A proxy's page or an empty ``choices`` with status 200 is no answer: tried again
+    like a 503; where it persists the job stops, and the rerun answers."""
+    endpoint.pages["p2"] = [b"<html>down for maintenance</html>", b'{"choices": []}']
+    report = job(endpoint, tmp_path / "out", backoff=0.01).run()
+    assert report.stages["gen"].counters["retries"] == 2
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist()[2] == "echo p2"
+
+    endpoint.pages["p5"] = [b'{"object": "list"}'] * 3
+    with pytest.raises(ModelError, match=r"kept failing after 3 tries \(HTTP 200 without an"):
+        job(endpoint, tmp_path / "again", max_retries=2, backoff=0.01).run()
+    job(endpoint, tmp_path / "again", max_retries=2, backoff=0.01).run()
+    table = pq.read_table(tmp_path / "again").sort_by("id")
     assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
 
 

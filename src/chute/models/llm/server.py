@@ -27,6 +27,7 @@ fingerprint or the report. httpx is the client (``pip install 'chute[openai]'``)
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import random
 import time
@@ -67,6 +68,9 @@ OWN = (
 )
 RETRIED = frozenset({408, 409, 429})
 """Statuses worth another try besides every 5xx."""
+REFUSED = frozenset({401, 403, 404, 405, 407})
+"""Statuses no request gets past (a wrong key, base URL or model name), like any redirect:
+the job stops, never an error line for every request that a resume would keep."""
 BACKOFF_MAX = 30.0
 
 
@@ -223,10 +227,21 @@ class OpenAIAdapter(Adapter):
             wait: float | None = None
             try:
                 response = self.client.post(path, json=body)
-                if response.status_code not in RETRIED and response.status_code < 500:
-                    return response.status_code, _json(response)
-                why = f"HTTP {response.status_code}: {_message(_json(response)) or ''}".strip()
-                wait = retry_after(response.headers.get("retry-after"))
+                status, reply = response.status_code, _json(response)
+                if status in REFUSED or 300 <= status < 400:
+                    raise ServerDown(
+                        f"{self.client.base_url}{path} answered {status} "
+                        f"({_message(reply) or 'no message'}): no request gets past that. "
+                        "Check the API key, the base URL and the model name, then run the job "
+                        "again to resume."
+                    )
+                if status == 200 and not _answered(path, reply):  # a proxy's page, say
+                    why = f"HTTP 200 without an answer: {json.dumps(reply)[:200]}"
+                elif status not in RETRIED and status < 500:
+                    return status, reply
+                else:
+                    why = f"HTTP {status}: {_message(reply) or ''}".strip()
+                    wait = retry_after(response.headers.get("retry-after"))
             except httpx.TransportError as exc:  # refused, reset, timed out
                 why = f"{type(exc).__name__}: {exc}"
             if attempt >= self.max_retries:
@@ -274,6 +289,17 @@ def _json(response: Any) -> Any:
         return response.json()
     except ValueError:
         return {"error": {"message": response.text[:500]}}
+
+
+def _answered(path: str, reply: Any) -> bool:
+    """Whether a 200's body is an answer: choices (or an embedding), not an error page."""
+    if not isinstance(reply, Mapping):
+        return False
+    if path == EMBEDDINGS.removeprefix("/v1/"):
+        data = reply.get("data")
+        return isinstance(data, list) and bool(data) and isinstance(data[0], Mapping)
+    choices = reply.get("choices")
+    return isinstance(choices, list) and bool(choices)
 
 
 def _message(reply: Any) -> str | None:
