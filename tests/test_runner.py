@@ -395,3 +395,36 @@ def test_units_computed_again_are_counted_in_the_report() -> None:
         "1 unit(s) computed again after their rows had arrived (a retried task, a block "
         "made again): the second copies were left out, and removed"
     ]
+
+
+def doubles(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"y": batch["x"] * 2}
+
+
+@pytest.mark.timeout(120)
+def test_a_run_over_units_cut_otherwise_is_refused_never_written_twice(
+    engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release of chute changes how in-memory input is cut into units (its default
+    ``unit_rows``, which the fingerprint leaves out so that it stays the same): the
+    output's ledger names units the new plan does not have. Run, both sets would be in
+    the output, rows twice (found by review: 10 rows came out as 20). The run is refused,
+    nothing written, until ``--overwrite``."""
+    import chute.sources.memory as memory
+
+    table = pa.table({"x": np.arange(40)})
+    out = tmp_path / "out"
+
+    def job(rows: int) -> Job:
+        monkeypatch.setattr(memory, "MEMORY_UNIT_ROWS", rows)
+        model = Model("m", doubles, inputs=("x",), batch_format="numpy")
+        return Job(TableSource(table, rows), (model,), output=Sink(str(out)), engine=engine)
+
+    job(4).run()
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with pytest.raises(JobStateError, match=r"9 committed unit\(s\) this job does not plan"):
+        job(6).run()
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    report = job(6).run(overwrite=True)
+    assert report.rows_out == 40
+    assert sorted(pq.read_table(out).column("m_y").to_pylist()) == list(range(0, 80, 2))

@@ -95,10 +95,26 @@ def _open_ledger(
             len(run.redone),
             ", ".join(run.redone[:5]),
         )
+    _only_planned(ledger, plan)
     plan.pending = [u for u in plan.units if u.id not in ledger.entries]
     if not run.nothing_to_do:
         ledger.unfinish()  # the location is being written again
     return ledger
+
+
+def _only_planned(ledger: Ledger, plan: Plan) -> None:
+    """Refuse an output whose ledger commits units this plan does not have: written by a
+    job that cut the same input into other units (the fingerprint missed what differs).
+    Resumed, its rows and this plan's would both be in the output: some rows twice."""
+    planned = {u.id for u in plan.units}
+    foreign = sorted(unit for unit in ledger.entries if unit not in planned)
+    if foreign:
+        raise JobStateError(
+            f"the output holds {len(foreign)} committed unit(s) this job does not plan "
+            f"({', '.join(foreign[:3])}): it was written by a job that split its input "
+            "otherwise. Nothing was written; run with --overwrite to start over, or write "
+            "to another output."
+        )
 
 
 def _execute(

@@ -40,7 +40,10 @@ class TableSource:
         return table.slice(unit.offset, unit.rows)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "memory", "rows": self.table.num_rows, "content": self.digest()}
+        described = {"kind": "memory", "rows": self.table.num_rows, "content": self.digest()}
+        if self.unit_rows != MEMORY_UNIT_ROWS:  # the units' ids; the default's stays out, so
+            described["unit_rows"] = self.unit_rows  # that earlier fingerprints still hold
+        return described
 
     def digest(self) -> str:
         """A hash of the table's contents (one pass over its buffers, computed once)."""
