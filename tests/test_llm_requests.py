@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from chute.cli import main
 from chute.errors import ConfigError, DataError
+from chute.models.base import ROW
 from chute.models.llm.requests import openai_request, requests_of
 from chute.models.llm.responses import Outcome, line
 from chute.models.llm.sampling import request_seed
@@ -84,6 +85,53 @@ def test_bad_requests_get_an_error_line_each() -> None:
     assert [x["custom_id"] for x in lines] == ["u", "b", "m"]
     assert all(x["response"]["status_code"] == 400 and x["error"]["message"] for x in lines)
     assert lines[0]["id"] == json.loads(line(requests[0], Outcome(), "m"))["id"]  # stable
+
+
+def test_a_body_field_of_the_wrong_kind_is_that_requests_400() -> None:
+    """``"top_logprobs": "3x"`` made int() raise for the whole batch: the job stopped
+    on it, every resume the same way, and under quarantine the request had no line."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    batch = pa.table(
+        {
+            "custom_id": ["bad", "good"],
+            "url": ["/v1/chat/completions"] * 2,
+            "body": [json.dumps({**body, "top_logprobs": "3x"}), json.dumps(body)],
+        }
+    )
+    bad, good = requests_of(batch, chat=False, system=None, id_column=None)
+    assert bad.error is not None and "3x" in bad.error
+    assert good.error is None and good.sampling == {"logprobs": 0}
+
+
+def test_requests_without_a_custom_id_are_named_by_their_row_not_their_place() -> None:
+    """Without a custom_id column each request is named by its row of the input: two
+    batches never give two requests one name (before: ``row-0`` in every batch)."""
+    body = json.dumps({"prompt": "x"})
+
+    def batch(rows: list[int]) -> pa.Table:
+        return pa.table(
+            {ROW: rows, "url": ["/v1/completions"] * len(rows), "body": [body] * len(rows)}
+        )
+
+    named = [
+        r.custom_id
+        for b in (batch([0, 1]), batch([2, 3]))
+        for r in requests_of(b, False, None, None)
+    ]
+    assert len(set(named)) == 4
+    again = [r.custom_id for r in requests_of(batch([2, 3]), False, None, None)]
+    assert again == named[2:]  # the same on a resume
+
+
+def test_a_line_separator_inside_a_request_is_not_a_new_line(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    body = {"prompt": "one\u2028two\u2029three\x85four"}
+    text = json.dumps(
+        {"custom_id": "a", "url": "/v1/completions", "body": body}, ensure_ascii=False
+    )
+    path.write_text(text + "\n", encoding="utf-8")
+    (row,) = OpenAIBatchSource(str(path)).table.to_pylist()
+    assert row["custom_id"] == "a" and json.loads(row["body"]) == body
 
 
 def test_a_repeated_custom_id_is_refused_before_any_compute(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def read_requests(
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"cannot read the batch input {redact(path)!r}: {exc}") from exc
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):  # not U+2028 inside a string
         if line.strip():
             rows.append(_request(line, number, path))
     if not rows:

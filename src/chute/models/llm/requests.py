@@ -164,12 +164,17 @@ def _message(message: Any) -> dict[str, str]:
 
 
 def _openai_requests(batch: pa.Table) -> list[Request]:
-    ids = batch.column("custom_id").to_pylist() if "custom_id" in batch.column_names else None
+    # Without a custom_id column, a request is named by its row in the input: unique and
+    # the same on a resume (a batch's own positions repeat from batch to batch).
+    ids = (
+        [str(i) for i in batch.column("custom_id").to_pylist()]
+        if "custom_id" in batch.column_names
+        else _identities(batch, None)
+    )
     urls = batch.column("url").to_pylist()
     bodies = batch.column("body").to_pylist()
     out = []
-    for i, (url, body) in enumerate(zip(urls, bodies, strict=True)):
-        custom_id = str(ids[i]) if ids is not None else f"row-{i}"
+    for custom_id, url, body in zip(ids, urls, bodies, strict=True):
         try:
             request = openai_request(custom_id, url, body)
         except BadRequest as exc:
@@ -196,7 +201,10 @@ def openai_request(custom_id: str, url: Any, body_text: Any) -> Request:
         request.messages = [_message(m) for m in messages]
     else:
         request.prompt = _single_text(body.get("input" if url == EMBEDDINGS else "prompt"), url)
-    request.sampling = _body_sampling(body, url)
+    try:  # a field of the wrong kind ("top_logprobs": "3x") is this request's 400
+        request.sampling = _body_sampling(body, url)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"the body's sampling fields cannot be read: {exc}") from None
     request.structured = _body_structured(body)
     return request
 
