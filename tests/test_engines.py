@@ -354,6 +354,41 @@ def test_predict_ray_dataset(engine: str, ray_session: Any) -> None:
     check_memory_result(df, frame)
 
 
+def halves(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"half": batch["id"] / 2}
+
+
+@pytest.mark.timeout(120)
+def test_a_ray_dataset_changed_since_its_output_was_written_is_another_job(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """The fingerprint hashes a Ray Dataset's blocks where they live: the same Dataset
+    again resumes (nothing to do); one value changed, with as many blocks, is refused as
+    a different job (before, only the block count was compared, and the changed data
+    was resumed into the old output)."""
+    from chute.sources import DatasetSource
+
+    def dataset(bump: int) -> Any:
+        ids = np.arange(1_000)
+        tables = [
+            pa.table({"id": ids[i : i + 250] + (bump if i == 500 else 0)})
+            for i in range(0, 1_000, 250)
+        ]
+        return ray_session.data.from_arrow(tables)
+
+    model = chute.Model("m", halves, inputs=("id",), batch_format="numpy")
+    out = str(tmp_path / "out")
+    first = DatasetSource(dataset(0)).describe()
+    assert first == DatasetSource(dataset(0)).describe()
+    assert first["content"] != DatasetSource(dataset(1)).describe()["content"]
+    chute.Job(DatasetSource(dataset(0)), (model,), output=chute.Sink(out), engine="local").run()
+    again = chute.Job(DatasetSource(dataset(0)), (model,), output=chute.Sink(out), engine="local")
+    assert again.run().units_done == 0
+    changed = chute.Job(DatasetSource(dataset(1)), (model,), output=chute.Sink(out), engine="local")
+    with pytest.raises(chute.JobStateError, match="holds the results of a different job"):
+        changed.run()
+
+
 # ------------------------------------------------------------------ 3. kinds of model
 
 

@@ -67,12 +67,21 @@ def _column_digest(column: pa.ChunkedArray) -> bytes:
     return h.digest()
 
 
+def _block_digest(block: pa.Table) -> bytes:
+    """One block's hash: its schema and every column's buffers."""
+    h = hashlib.sha256(str(block.schema).encode())
+    for column in block.columns:
+        h.update(_column_digest(column))
+    return h.digest()
+
+
 class DatasetSource:
     """A Ray Dataset, materialized once; each of its blocks is a unit."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
         self._refs: list[Any] | None = None
+        self._digest: str | None = None
 
     def _blocks(self) -> list[Any]:
         if self._refs is None:
@@ -100,7 +109,22 @@ class DatasetSource:
         return table if columns is None else table.select(list(columns))
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "ray-dataset", "blocks": len(self._blocks())}
+        return {"kind": "ray-dataset", "blocks": len(self._blocks()), "content": self.digest()}
+
+    def digest(self) -> str:
+        """A hash of every block's contents, each hashed by a task where it lives (one pass
+        over the data, as :meth:`TableSource.digest`): a Dataset changed since an output
+        was written, even with as many blocks, is another job, never resumed into it."""
+        if self._digest is None:
+            import ray
+
+            hashing = ray.remote(num_cpus=0.25)(_block_digest)
+            digests = ray.get([hashing.remote(ref) for ref in self._blocks()])
+            h = hashlib.sha256()
+            for digest in digests:
+                h.update(digest)
+            self._digest = h.hexdigest()[:32]
+        return self._digest
 
 
 def table_from_dict(data: dict[str, Any]) -> pa.Table:
