@@ -134,6 +134,36 @@ def test_a_line_separator_inside_a_request_is_not_a_new_line(tmp_path: Path) -> 
     assert row["custom_id"] == "a" and json.loads(row["body"]) == body
 
 
+def test_a_dead_vllm_engine_stops_the_job_and_an_errored_request_is_no_answer() -> None:
+    """vLLM's ``EngineDeadError`` becomes a ModelError (which a model stage never bisects
+    or quarantines: before, every row left was quarantined as if it had failed and the run
+    succeeded); a request vLLM ended with ``finish_reason: error`` gets a 500 line, not a
+    200 with whatever text it had."""
+    from types import SimpleNamespace
+
+    from chute.errors import ModelError
+    from chute.models.llm.engine import _fill, engine_alive
+
+    class EngineDeadError(Exception):  # vLLM's, by name (vllm.v1.engine.exceptions)
+        pass
+
+    with pytest.raises(ModelError, match="vLLM's engine died"), engine_alive():
+        raise EngineDeadError("EngineCore encountered an issue")
+    with pytest.raises(KeyError), engine_alive():  # anything else is left as it is
+        raise KeyError("x")
+
+    def result(reason: str) -> SimpleNamespace:
+        done = SimpleNamespace(text="hal", token_ids=[1, 2], finish_reason=reason, logprobs=None)
+        return SimpleNamespace(outputs=[done])
+
+    failed, fine = Outcome(), Outcome()
+    _fill(failed, result("error"), None)
+    _fill(fine, result("stop"), None)
+    assert failed.error and failed.status == 500 and fine.error is None
+    request = openai_request("c", "/v1/completions", json.dumps({"prompt": "x"}))
+    assert json.loads(line(request, failed, "m"))["response"]["status_code"] == 500
+
+
 def test_a_repeated_custom_id_is_refused_before_any_compute(tmp_path: Path) -> None:
     lines = [{"custom_id": c, "url": "/v1/completions", "body": {"prompt": "x"}} for c in "aba"]
     path = tmp_path / "requests.jsonl"

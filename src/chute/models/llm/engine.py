@@ -9,14 +9,15 @@ that row's ``error``; the rest of the batch goes on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from chute.errors import ConfigError
+from chute.errors import ConfigError, ModelError
 from chute.models.base import ReplicaContext
 from chute.models.llm.requests import CHAT, EMBEDDINGS, Request
 from chute.models.llm.responses import BAD_REQUEST, UNPARSED, Outcome, line
@@ -25,6 +26,28 @@ from chute.models.llm.structured import Structured
 from chute.models.sbert import offline_hub
 
 QUIET = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CONFIGURE_LOGGING": "1"}
+ENGINE_ERROR = 500
+"""The status of a request vLLM itself ended with an error (``finish_reason: error``)."""
+
+
+class EngineDown(ModelError):
+    """vLLM's engine died: no request of this replica can be served; the job stops (never
+    each row quarantined as if it had failed), and a resume loads a new one."""
+
+
+@contextlib.contextmanager
+def engine_alive() -> Iterator[None]:
+    """Turn vLLM's ``EngineDeadError`` (``AsyncEngineDeadError`` before v1) into
+    :class:`EngineDown`."""
+    try:
+        yield
+    except Exception as exc:
+        if any(c.__name__.endswith("EngineDeadError") for c in type(exc).__mro__):
+            raise EngineDown(
+                f"vLLM's engine died ({type(exc).__name__}: {exc}): the job stops here; run "
+                "it again to resume with a new engine."
+            ) from exc
+        raise
 
 
 def load_llm(path: str, options: Mapping[str, Any], context: ReplicaContext, task: str) -> Any:
@@ -143,7 +166,8 @@ class Engine:
         served = [i for i in live if outcomes[i].error is None]
         place = {i: k for k, i in enumerate(live)}
         kept = [prompts[place[i]] for i in served]
-        results = self.llm.generate(kept, params, use_tqdm=False) if kept else []
+        with engine_alive():
+            results = self.llm.generate(kept, params, use_tqdm=False) if kept else []
         for i, result in zip(served, results, strict=True):
             _fill(outcomes[i], result, requests[i].structured or job_structure)
         return outcomes
@@ -153,7 +177,8 @@ class Engine:
         outcomes = [Outcome(created=int(time.time())) for _ in requests]
         prompts = self.prompts(requests, outcomes)
         live = [i for i, o in enumerate(outcomes) if o.error is None]
-        results = self.llm.embed(prompts, use_tqdm=False) if prompts else []
+        with engine_alive():
+            results = self.llm.embed(prompts, use_tqdm=False) if prompts else []
         for i, result in zip(live, results, strict=True):
             outcomes[i].embedding = [float(x) for x in result.outputs.embedding]
         return outcomes
@@ -163,7 +188,8 @@ class Engine:
         outcomes = [Outcome(created=int(time.time())) for _ in requests]
         prompts = self.prompts(requests, outcomes)
         live = [i for i, o in enumerate(outcomes) if o.error is None]
-        results = self.llm.classify(prompts, use_tqdm=False) if prompts else []
+        with engine_alive():
+            results = self.llm.classify(prompts, use_tqdm=False) if prompts else []
         for i, result in zip(live, results, strict=True):
             outcomes[i].embedding = [float(x) for x in result.outputs.probs]
         return outcomes
@@ -191,7 +217,8 @@ class Engine:
         if live:
             queries = [str(pairs[i][0]) for i in live]
             documents = [str(pairs[i][1]) for i in live]
-            results = self.llm.score(queries, documents, use_tqdm=False)
+            with engine_alive():
+                results = self.llm.score(queries, documents, use_tqdm=False)
             for i, result in zip(live, results, strict=True):
                 outcomes[i].value = float(result.outputs.score)
         return outcomes
@@ -210,6 +237,9 @@ def _fill(outcome: Outcome, result: Any, structure: Structured | None) -> None:
     outcome.texts = [c.text for c in result.outputs]
     outcome.finish_reasons = [str(c.finish_reason) for c in result.outputs]
     outcome.completion_tokens = sum(len(c.token_ids) for c in result.outputs)
+    if not result.outputs or any(c.finish_reason in ("error", "abort") for c in result.outputs):
+        outcome.fail("vLLM ended the request with an error", ENGINE_ERROR, "engine_error")
+        return
     first = result.outputs[0]
     if first.logprobs is not None:
         outcome.logprobs = [
