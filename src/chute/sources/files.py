@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import datetime
 import difflib
-import fnmatch
+import errno
 import io
 import os
+import re
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -74,7 +75,8 @@ def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInf
     if _has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
-        files = [i for i in infos if i.is_file and fnmatch.fnmatch(i.path, path)]
+        matches = _glob(path).fullmatch
+        files = [i for i in infos if i.is_file and matches(i.path)]
         if not files:
             raise DataError(f"the glob {redact(original)!r} matches no files. Check the pattern.")
         return sorted(files, key=lambda i: i.path)
@@ -91,6 +93,70 @@ def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInf
         i for i in infos if i.is_file and not _hidden(i.path[len(path) :]) and i.size and i.size > 0
     ]
     return sorted(files, key=lambda i: i.path)
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """A glob as a shell reads it: ``*``, ``?`` and ``[...]`` within one path segment,
+    ``**`` any number of folders; a wildcard never matches a name's leading ``.`` or ``_``
+    (hidden files, a Spark job's ``_temporary/`` attempts, chute's ``_errors/``), which
+    only a segment spelled with it names."""
+    out: list[str] = []
+    segments = pattern.split("/")
+    for k, segment in enumerate(segments):
+        if segment == "**":
+            out.append(r"(?:(?![._])[^/]+/)*")
+            continue
+        out.append(_glob_segment(segment))
+        if k < len(segments) - 1:
+            out.append("/")
+    return re.compile("".join(out))
+
+
+def _glob_segment(segment: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        c = segment[i]
+        lead = r"(?![._])" if i == 0 else ""
+        if c == "*":
+            out.append(lead + "[^/]*")
+        elif c == "?":
+            out.append(lead + "[^/]")
+        elif c == "[" and (end := segment.find("]", i + 2)) != -1:
+            body = segment[i + 1 : end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append(lead + "[" + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def _distinct(infos: list[pafs.FileInfo], fs: pafs.FileSystem) -> list[pafs.FileInfo]:
+    """Each file once, by path and, locally, by what it is: a folder reached again through
+    a symbolic link (``latest -> 2024-06-02``), a link loop, the same file named by two of
+    the input's paths. Read twice, its rows would be in the output twice. Of the names of
+    one file, the one without links (else the shortest) is kept, in its place."""
+    local = is_local(fs)
+    names: dict[object, list[int]] = {}
+    for position, info in enumerate(infos):
+        key: object = info.path
+        if local:
+            try:
+                stat = os.stat(info.path)
+                key = (stat.st_dev, stat.st_ino)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # only a link loop reaches it: not a file
+                    continue
+        names.setdefault(key, []).append(position)
+
+    def rank(position: int) -> tuple[bool, int]:
+        path = infos[position].path
+        return (local and os.path.realpath(path) != path, len(path))
+
+    kept = [ps[0] if len(ps) == 1 else min(ps, key=rank) for ps in names.values()]
+    return [infos[position] for position in sorted(kept)]
 
 
 def _near(fs: pafs.FileSystem, path: str, original: str) -> str:
@@ -200,6 +266,7 @@ class FileSource:
                 found.extend(_list_files(fs, path, original))
             if not found:
                 raise self._nothing_found()
+            found = _distinct(found, self.filesystem)
             self._stamps = {i.path: (i.size, i.mtime_ns) for i in found}
             self._files = [i.path for i in found]
             self.format = self.format or self._infer_format(self._files)
