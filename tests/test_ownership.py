@@ -288,6 +288,81 @@ def test_a_claim_of_a_live_process_on_this_machine_is_refused(tmp_path: Path) ->
         _acquire(tmp_path)  # the same process, another run: still a live owner
 
 
+def test_a_claim_from_another_pid_namespace_here_waits_for_its_ttl(tmp_path: Path) -> None:
+    """Containers on one machine share its host name and boot id (host networking, a fixed
+    hostname), not their pids: a live run in another container was judged dead by its pid
+    and taken over at once. Its claim now counts as another machine's: live until its
+    heartbeat is older than its TTL."""
+    here = Claim.mine(60.0)
+    other = _fake_claim(
+        tmp_path / META_DIR / "owners",
+        host=here.host,
+        boot=here.boot,
+        pid=999_999,  # no such pid in this namespace
+        pidns="pid:[1]",
+    )
+    with pytest.raises(JobStateError, match="in use by another chute run"):
+        _acquire(tmp_path)
+    old = time.time() - 120
+    os.utime(other, (old, old))
+    with _acquire(tmp_path) as lease:
+        assert not other.exists() and len(lease.taken_over) == 1
+
+
+@pytest.mark.parametrize("text", ["{torn", None], ids=["torn", "a later version's"])
+def test_a_claim_this_version_cannot_read_is_live_until_its_ttl(
+    tmp_path: Path, text: str | None
+) -> None:
+    """A claim that does not parse, or one with a field a later chute added, was ignored:
+    two runs of two versions could both own the output."""
+    path = _fake_claim(tmp_path / META_DIR / "owners", future_field=1)
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(JobStateError, match=r"cannot read|in use by another chute run"):
+        _acquire(tmp_path)
+    old = time.time() - 120
+    os.utime(path, (old, old))
+    with _acquire(tmp_path):
+        assert not path.exists()
+
+
+def test_a_renewal_that_came_late_is_withdrawn_and_a_run_that_cannot_renew_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run paused between reading its claim and rewriting it (or a write retried
+    through an outage) may rewrite it after another run took the output over: before,
+    the claim came back and both runs owned the output. Now a renewal later than a third
+    of the TTL is withdrawn and the run stops; and a run that could not renew for half
+    its TTL stops before its next commit, whatever its heartbeat thread is doing."""
+    import chute.lease as lease_module
+
+    now = [0.0]
+    monkeypatch.setattr(lease_module, "_clock", lambda: now[0])
+    lease = _acquire(tmp_path)
+    write = lease._write
+
+    def paused_write() -> None:
+        now[0] += 30.0  # past 60 / 3
+        write()
+
+    monkeypatch.setattr(lease, "_write", paused_write)
+    assert lease.beat() is False
+    assert not Path(lease.path).exists()
+    with pytest.raises(JobStateError, match="lost its claim"):
+        lease.ensure()
+    lease.release()
+
+    now[0] = 0.0
+    second = _acquire(tmp_path / "second")
+    assert second.beat() is True
+    now[0] = 29.0
+    second.ensure()  # renewed 29 s ago: fine
+    now[0] = 31.0
+    with pytest.raises(JobStateError, match="could not renew its claim"):
+        second.ensure()
+    second.release()
+
+
 def test_a_lost_claim_stops_commits_and_deletions(tmp_path: Path) -> None:
     lease = _acquire(tmp_path)
     ledger = Ledger.open(str(tmp_path), "fp", {}, False, lease=lease)

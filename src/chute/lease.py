@@ -62,20 +62,36 @@ class Claim:
     started: float
     """When the run began (seconds since the epoch)."""
     ttl: float
+    pidns: str = ""
+    """The process's pid namespace (``pid:[4026531836]``): containers on one machine share
+    its host name and boot id, not their pids. Empty in claims of earlier versions."""
 
     @classmethod
     def mine(cls, ttl: float) -> Claim:
         pid = os.getpid()
         host, boot, started = socket.gethostname(), _boot_id(), _started(pid)
-        return cls(uuid.uuid4().hex, host, boot, pid, started, time.time(), ttl)
+        return cls(uuid.uuid4().hex, host, boot, pid, started, time.time(), ttl, _pidns())
+
+    @classmethod
+    def parse(cls, data: bytes) -> Claim | None:
+        """A claim from its JSON (fields a later version added are left out), or ``None``
+        for bytes that are not one."""
+        try:
+            fields = json.loads(data)
+            known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+            return cls(**known)
+        except (ValueError, TypeError, AttributeError):
+            return None
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.started))
         return f"pid {self.pid} on host {self.host!r}, started {when}"
 
     def here(self) -> bool:
-        """Whether the claim was made on this machine, in this boot."""
-        return self.host == socket.gethostname() and self.boot == _boot_id()
+        """Whether the claim was made on this machine, in this boot, where its pid can be
+        looked up (the same pid namespace: another container's pids are not ours)."""
+        same = self.host == socket.gethostname() and self.boot == _boot_id()
+        return same and (not self.pidns or not _pidns() or self.pidns == _pidns())
 
     def alive_here(self) -> bool:
         """For a claim made on this machine: whether its run can still be going."""
@@ -99,6 +115,8 @@ class Lease:
         self._lost: str | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self._renewed = _clock()
+        """When the claim was last read back as this run's and rewritten in good time."""
 
     @classmethod
     def acquire(cls, fs: pafs.FileSystem, meta: str, where: str, ttl: float = TTL_SECONDS) -> Lease:
@@ -126,9 +144,19 @@ class Lease:
         for info in infos:
             if info.path == self.path or not info.base_name.endswith(".json"):
                 continue
-            other = self._read(info.path)
-            if other is None:
+            data = self._bytes(info.path)
+            if not data:
                 continue  # withdrawn or released since the listing
+            other = Claim.parse(data)
+            if other is None:  # torn, or of a version this one cannot read: live till old
+                if not _older(info, now, TTL_SECONDS):
+                    raise JobStateError(
+                        f"output {where!r} holds a claim this chute cannot read "
+                        f"({info.path}): another run, perhaps of another chute version, may "
+                        f"own it. Wait {TTL_SECONDS:.0f} s for it to go stale, or stop that run."
+                    )
+                self._delete(info.path)
+                continue
             if self._stale(other, info, now):
                 self._delete(info.path)
                 self.taken_over.append(other)
@@ -145,12 +173,19 @@ class Lease:
     def _stale(other: Claim, info: pafs.FileInfo, now: Any) -> bool:
         if other.here():
             return not other.alive_here()
-        if now is None or info.mtime is None:
-            return False
-        return bool((now - info.mtime).total_seconds() > other.ttl)
+        return _older(info, now, other.ttl)
 
     def ensure(self) -> None:
-        """Raise if this run lost its claim (another run judged it dead and took over)."""
+        """Raise if this run lost its claim (another run judged it dead and took over), or
+        could not renew it for half its time to live: past that, another machine's run may
+        judge it dead before this run learns of it."""
+        if self._lost is None and _clock() - self._renewed > self.claim.ttl / 2:
+            self._lost = (
+                f"this run could not renew its claim on the output for "
+                f"{_clock() - self._renewed:.0f} s (the process was paused, or the storage "
+                "did not answer), and another run may have taken the output over. It stops "
+                "without committing or deleting anything more; run it again."
+            )
         if self._lost is not None:
             raise JobStateError(self._lost)
 
@@ -187,12 +222,28 @@ class Lease:
     def _heartbeat(self, period: float) -> None:
         while not self._stop.wait(period):
             try:
-                if self._read(self.path) != self.claim:
-                    self._lose()
+                if not self.beat():
                     return
-                self._write()
             except Exception:  # a transient failure: the next beat tries again
                 continue
+
+    def beat(self) -> bool:
+        """Renew the claim once; ``False`` once it is lost. A renewal that took longer than
+        a third of the time to live (a paused process, a write retried through an outage)
+        may have landed after another run took the output over: it is withdrawn, and this
+        run stops, rather than bring back a claim the other run has replaced."""
+        began = _clock()
+        if self._read(self.path) != self.claim:
+            self._lose()
+            return False
+        self._write()
+        if _clock() - began > self.claim.ttl / 3:
+            self._lose()
+            with contextlib.suppress(Exception):
+                self._delete(self.path)
+            return False
+        self._renewed = began
+        return True
 
     def _lose(self) -> None:
         self._lost = (
@@ -210,13 +261,11 @@ class Lease:
         return list(retrying(lambda: self.fs.get_file_info(selector), "listing claims"))
 
     def _read(self, path: str) -> Claim | None:
-        data = retrying(lambda: read(self.fs, path), "reading a claim")
-        if not data:
-            return None
-        try:
-            return Claim(**json.loads(data))
-        except (ValueError, TypeError):
-            return None  # torn or foreign: not a claim this version can judge
+        data = self._bytes(path)
+        return Claim.parse(data) if data else None
+
+    def _bytes(self, path: str) -> bytes | None:
+        return retrying(lambda: read(self.fs, path), "reading a claim")
 
     def _delete(self, path: str) -> None:
         def delete() -> None:
@@ -224,6 +273,28 @@ class Lease:
                 self.fs.delete_file(path)
 
         retrying(delete, f"removing {path}")
+
+
+def _older(info: pafs.FileInfo, now: Any, ttl: float) -> bool:
+    """Whether a claim was last written more than ``ttl`` before ``now`` (the store's
+    times, both: no clock of this machine is compared with the store's)."""
+    if now is None or info.mtime is None:
+        return False
+    return bool((now - info.mtime).total_seconds() > ttl)
+
+
+def _clock() -> float:
+    """Seconds on a clock that goes on while the machine sleeps (Linux's boot time)."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
+
+
+def _pidns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def _boot_id() -> str:
