@@ -167,14 +167,19 @@ class TableLedger(Ledger):
         staged = {e["batch"] for e in self._entries.values() if self._staged(e)}
         if not staged:
             return
-        assert self.table is not None
-        held = self.table.committed(staged)
-        held |= self._found_in_table(staged - held)
+        held = self._in_table(staged)
         if held:
             self._confirm(sorted(held))
         for unit, entry in list(self._entries.items()):
             if entry.get("batch") in staged - held:
                 del self._entries[unit]
+
+    def _in_table(self, tokens: set[str]) -> set[str]:
+        """The batches among ``tokens`` that the table took: by its history, or failing
+        that by their files (:meth:`_found_in_table`)."""
+        assert self.table is not None
+        held = self.table.committed(tokens)
+        return held | self._found_in_table(tokens - held)
 
     def _found_in_table(self, tokens: set[str]) -> set[str]:
         """Batches whose commit the table's history no longer shows (expired, or older than
@@ -240,8 +245,7 @@ class TableLedger(Ledger):
         }
         if not tried:
             return batch
-        assert self.table is not None
-        held = self.table.committed(tried)
+        held = self._in_table(tried)
         if held:
             self._confirm(sorted(held))
             self._landed |= held
