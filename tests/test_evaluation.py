@@ -316,3 +316,37 @@ def test_every_metric_family_on_a_million_rows_over_units_and_actors(
     assert stats["mean"] == exact(s.mean(), rel=1e-12) and stats["count"] == MILLION
     counts, _ = np.histogram(s[(s >= -3) & (s <= 3)], bins=20, range=(-3, 3))
     assert got["dataset"]["histogram"]["counts"] == counts.tolist()
+
+
+def fails_from_ten(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if (batch["x"] >= 10).any():
+        raise ValueError("bad row")
+    return {"p": batch["x"] / 100.0}
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_whose_rows_all_fail_is_measured_as_no_rows(engine: str, tmp_path: Path) -> None:
+    """Under quarantine every row of the second unit's batch fails: that batch has no
+    prediction column at all. Measuring it raised ``ColumnNotFoundError``, and the job,
+    and every resume of it, stopped there. It counts no rows; the metric is the healthy
+    unit's."""
+    from chute.sources import TableSource
+
+    table = pa.table({"x": np.arange(20, dtype=np.float64), "y": np.arange(20) % 2})
+    model = chute.Model(
+        "m", fails_from_ten, inputs=("x",), batch_format="numpy", batch_size=10,
+        on_error="quarantine",
+    )  # fmt: skip
+    report = chute.Job(
+        source=TableSource(table, unit_rows=10),
+        models=(model,),
+        carryover=("x",),
+        metrics=(M.LogLoss("y", "m_p"),),
+        engine=engine,
+        output=chute.Sink(str(tmp_path / "out")),
+    ).run()
+    assert report.rows_failed == 10
+    got = report.metrics["m"]["log_loss"]
+    assert got["count"] == 10
+    want = log_loss(np.arange(10) % 2, np.arange(10) / 100.0, labels=[0, 1])
+    assert got["log_loss"] == pytest.approx(want, rel=1e-12)

@@ -66,6 +66,8 @@ class Evaluation:
         """The serialized states of ``table``'s rows (a part), for its record."""
         if not self.metrics:
             return b""
+        if table.num_rows == 0:  # every row failed (quarantined): a model's outputs may be
+            return dumps({})  # missing altogether, and there is nothing to measure
         return dumps({k: m.update(m.init(), table) for k, m in self.metrics.items()})
 
     def merge(self, total: dict[str, State], blobs: Iterable[bytes | dict[str, State]]) -> None:
