@@ -204,3 +204,36 @@ def test_changes_name_each_model_field() -> None:
     before = {"models": [{"name": "a", "kwargs": {}}, {"name": "b", "inputs": ["x"]}], "x": 1}
     after = {"models": [{"name": "a", "kwargs": {"k": 1}}, {"name": "b", "inputs": ["y"]}]}
     assert describe_changes(before, after) == "models[0].kwargs, models[1].inputs, x"
+
+
+def _doubles(batch: dict[str, object]) -> dict[str, object]:
+    return {"m": batch["x"]}
+
+
+def test_a_metric_option_changed_is_another_job() -> None:
+    """A metric was described by its type, name and columns only: a resume after its
+    threshold, bins or slice limit changed merged the old run's states, computed one way,
+    with the new run's (found by review: resumed at 0.9, 4 true positives where a fresh run
+    at 0.9 has 1). Every option is part of the fingerprint now."""
+    from chute import metrics as M
+    from chute.job import fingerprint_of
+
+    def fingerprint(*metrics: object) -> str:
+        spec = JobSpec(
+            source=TableSource(pa.table({"y": [0, 1], "x": [1.0, 2.0], "g": [1, 2]})),
+            models=(Model("m", _doubles, inputs=("x",)),),
+            metrics=metrics,
+        )
+        return fingerprint_of(spec.describe())
+
+    base = fingerprint(M.Confusion("y", "m", threshold=0.5))
+    assert base == fingerprint(M.Confusion("y", "m", threshold=0.5))
+    assert base != fingerprint(M.Confusion("y", "m", threshold=0.9))
+    assert fingerprint(M.Calibration("y", "m", bins=10)) != fingerprint(
+        M.Calibration("y", "m", bins=20)
+    )
+    sliced = M.Sliced(M.Confusion("y", "m", threshold=0.5), by="g")
+    assert fingerprint(sliced) != fingerprint(M.Sliced(M.Confusion("y", "m"), by="g", max_groups=5))
+    assert fingerprint(sliced) != fingerprint(
+        M.Sliced(M.Confusion("y", "m", threshold=0.7), by="g")
+    )

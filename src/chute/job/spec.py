@@ -25,6 +25,7 @@ from chute.job.values import (
     check_timeout,
     parse_bytes,
 )
+from chute.metrics.base import describe_metric
 from chute.usercode import code_files
 
 if TYPE_CHECKING:
@@ -277,7 +278,7 @@ class JobSpec:
             "preprocess": fn_name(self.preprocess.fn) if self.preprocess else None,
             "format": self.output.format if self.output else None,
             "on_bad_input": self.on_bad_input,
-            "metrics": [repr(m) for m in self.metrics],
+            "metrics": [describe_metric(m) for m in self.metrics],
             "code": self._code(),
         }
 
