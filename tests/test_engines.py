@@ -389,6 +389,24 @@ def test_a_ray_dataset_changed_since_its_output_was_written_is_another_job(
         changed.run()
 
 
+def sorted_twice(batch: Any) -> Any:
+    """A pandas model that sorts its rows before it answers (its index still names them)."""
+    ordered = batch.sort_values("x", ascending=False)
+    return ordered.assign(twice=ordered["x"] * 2)[["twice"]]
+
+
+@pytest.mark.timeout(60)
+def test_a_pandas_model_that_reorders_its_rows_gets_each_answer_on_its_own_row(
+    engine: str,
+) -> None:
+    """Taken by position, a reordered result was attached to other rows: 80, 60, 40, 20
+    beside x = 10, 20, 30, 40. Its index names the rows: it is put back in order."""
+    frame = pd.DataFrame({"x": np.arange(1, 1_001) * 10})
+    model = chute.Model("m", sorted_twice, inputs=("x",), batch_format="pandas", batch_size=64)
+    got = chute.predict(frame, model, engine=engine).sort_values("x")
+    np.testing.assert_array_equal(got["m_twice"].to_numpy(), got["x"].to_numpy() * 2)
+
+
 # ------------------------------------------------------------------ 3. kinds of model
 
 

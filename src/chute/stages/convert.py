@@ -30,8 +30,13 @@ def _to_numpy(column: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(column.to_numpy())
 
 
-def to_columns(out: Any, prefix: str | None, num_rows: int, who: str) -> dict[str, pa.Array]:
-    """Normalize what a user function returned into named Arrow arrays of ``num_rows``."""
+def to_columns(
+    out: Any, prefix: str | None, num_rows: int, who: str, batch: Any = None
+) -> dict[str, pa.Array]:
+    """Normalize what a user function returned into named Arrow arrays of ``num_rows``
+    (given the pandas ``batch`` it was called with, a result in another row order is put
+    back in the batch's: :func:`_in_batch_order`)."""
+    out = _in_batch_order(out, batch)
     if out is None:
         raise ModelError(
             f"{who} returned None; return a dict of columns, a DataFrame, an Arrow table or "
@@ -56,6 +61,21 @@ def to_columns(out: Any, prefix: str | None, num_rows: int, who: str) -> dict[st
             )
         columns[name] = array
     return columns
+
+
+def _in_batch_order(out: Any, batch: Any) -> Any:
+    """A pandas result whose index is the batch's in another order (a sort, a groupby, a
+    shuffle inside the model) in the batch's order: taken by position, its values would
+    be attached to other rows. Any other index is the model's own: taken by position."""
+    kinds = ("DataFrame", "Series")
+    if type(out).__name__ not in kinds or type(batch).__name__ != "DataFrame":
+        return out
+    index, wanted = out.index, batch.index
+    if index.equals(wanted) or len(index) != len(wanted) or not index.is_unique:
+        return out
+    if not wanted.is_unique or not index.isin(wanted).all():
+        return out
+    return out.reindex(wanted)
 
 
 def _column_name(prefix: str | None, key: str | None, who: str) -> str:

@@ -209,7 +209,7 @@ class ModelStage:
         if batch is None:
             batch = to_format(self._model_view(view), self.batch_format)
         out = self._call(batch)
-        return to_columns(out, self.name, view.num_rows, f"model {self.name!r}")
+        return to_columns(out, self.name, view.num_rows, f"model {self.name!r}", batch)
 
     def _slicer(self, view: pa.Table) -> Callable[[int, int], Any]:
         """Batches of rows ``lo..hi`` of ``view`` for bisection: NumPy batches are cut from

@@ -31,10 +31,11 @@ class PreprocessStage:
     def __call__(self, table: pa.Table) -> pa.Table:
         started = time.perf_counter()
         try:
-            out = self.fn(to_format(table.select(self.inputs), self.batch_format))
+            given = to_format(table.select(self.inputs), self.batch_format)
+            out = self.fn(given)
         except Exception as exc:
             raise ModelError(f"preprocess raised {type(exc).__name__}: {exc}") from exc
-        for name, array in to_columns(out, None, table.num_rows, "preprocess").items():
+        for name, array in to_columns(out, None, table.num_rows, "preprocess", given).items():
             if name in self.protected or name == KEY:
                 raise ConfigError(
                     f"preprocess returned column {name!r}, which is a carryover column: "
