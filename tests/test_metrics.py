@@ -781,3 +781,19 @@ def test_a_slice_keeps_null_and_the_string_null_apart() -> None:
     counts = {label: group["count"] for label, group in result["groups"].items()}
     assert counts == {"null": 3, '"null"': 2, "a": 1, '"\\"null\\""': 1, "b": 1}
     assert result["all"]["count"] == len(values)
+
+
+def test_slices_by_a_categorical_column_count_every_row_once() -> None:
+    """A pandas categorical arrives as an Arrow dictionary column: its nulls crashed
+    (``bincount`` of a negative code), a category listed twice in its dictionary lost the
+    rows of one of them, and categories no row uses counted against ``max_groups``."""
+    from chute.metrics import LogLoss, Sliced
+
+    dictionary = pa.array(["card", "cash", "card", *[f"unused{i}" for i in range(200)]])
+    indices = pa.array([0, 1, 2, None, 0, 1, 2, None], pa.int32())
+    by = pa.DictionaryArray.from_arrays(indices, dictionary)
+    table = pa.table({"pay": by, "y": [1, 0, 1, 0, 1, 0, 1, 0], "p": [0.5] * 8})
+    sliced = Sliced(LogLoss("y", "p"), by="pay", max_groups=5)
+    result = sliced.result(sliced.update(sliced.init(), table))
+    counts = {key: group["count"] for key, group in result["groups"].items()}
+    assert counts == {"card": 4, "cash": 2, "null": 2}

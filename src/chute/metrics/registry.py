@@ -52,9 +52,10 @@ class Sliced(Metric):
         return {"groups": {}}
 
     def summarize(self, table: pa.Table) -> State:
-        encoded = pc.dictionary_encode(
-            _column(table, self.by, self.name).combine_chunks(), null_encoding="encode"
-        )
+        values = _column(table, self.by, self.name).combine_chunks()
+        if pa.types.is_dictionary(values.type):  # a pandas categorical: by its values (a
+            values = values.dictionary_decode()  # null, a repeated or unused category)
+        encoded = pc.dictionary_encode(values, null_encoding="encode")
         keys = [json.dumps(v, default=str) for v in encoded.dictionary.to_pylist()]
         self._check_cap(keys)
         codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64)
