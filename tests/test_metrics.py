@@ -797,3 +797,14 @@ def test_slices_by_a_categorical_column_count_every_row_once() -> None:
     result = sliced.result(sliced.update(sliced.init(), table))
     counts = {key: group["count"] for key, group in result["groups"].items()}
     assert counts == {"card": 4, "cash": 2, "null": 2}
+
+
+def test_a_score_column_of_only_nulls_is_skipped_rows_not_a_wrong_type() -> None:
+    """A batch whose predictions were all None has a null-typed column: the metric counts
+    its rows as skipped, as it would any null score, instead of refusing the type."""
+    from chute.metrics import LogLoss
+
+    metric = LogLoss("y", "p")
+    nulls = pa.table({"y": [0, 1], "p": pa.nulls(2)})
+    result = metric.result(metric.update(metric.init(), nulls))
+    assert result["count"] == 0 and result["skipped"] == 2

@@ -526,3 +526,23 @@ def test_a_model_that_returns_none_is_told_what_to_return() -> None:
         "model 'm' returned None; return a dict of columns, a DataFrame, an Arrow table or an "
         "array."
     )
+
+
+def none_below_five(batch: dict[str, np.ndarray]) -> dict[str, list[int | None]]:
+    return {"label": [None if v < 5 else int(v) for v in batch["x"]]}
+
+
+@pytest.mark.parametrize("batch_size", [10, 5, 3])
+def test_a_call_of_all_nulls_takes_the_type_of_the_others(batch_size: int) -> None:
+    """A model returns None for some rows: a call whose rows are all such gives Arrow's null
+    type, and joining it to a call that gave int64 raised ``ArrowInvalid`` — so a batch cut
+    in calls (a size, a memory split, a failure isolated) failed where one call did not."""
+    import chute
+    from chute.stages import ModelStage, tag
+
+    model = chute.Model(
+        "m", none_below_five, inputs=("x",), batch_format="numpy", batch_size=batch_size
+    )
+    out = ModelStage(model, ["x"])(tag(pa.table({"x": np.arange(10)}), 0, 0, 10))
+    assert out.column("m_label").type == pa.int64()
+    assert out.column("m_label").to_pylist() == [None] * 5 + [5, 6, 7, 8, 9]

@@ -122,6 +122,8 @@ def _is_list(type_: pa.DataType) -> bool:
 def _floats(table: pa.Table, name: str, metric: str) -> tuple[Floats, Mask]:
     """The column as float64 and the mask of its usable (non-null, finite) rows."""
     column = _column(table, name, metric)
+    if pa.types.is_null(column.type):  # a batch whose values were all None: none usable
+        return np.zeros(len(column)), np.zeros(len(column), bool)
     if not _is_numeric(column.type):
         raise ConfigError(
             f"metric {metric!r} needs a numeric column, but {name!r} is {column.type}: "

@@ -107,13 +107,25 @@ def scatter(
     if not pieces:
         return {}
     names = list(pieces[0][2])
-    joined = {n: pa.concat_arrays([p[2][n] for p in pieces]) for n in names}
+    joined = {n: _joined([p[2][n] for p in pieces]) for n in names}
     if len(done) == num_rows:
         return joined
     index = np.full(num_rows, -1, dtype=np.int64)
     index[done] = np.arange(len(done))
     take = pa.array(index, mask=index < 0)
     return {n: column.take(take) for n, column in joined.items()}
+
+
+def _joined(arrays: list[pa.Array]) -> pa.Array:
+    """The pieces of one output column, end to end. A piece whose values were all ``None``
+    has Arrow's null type: it takes the others' type, as one call over the whole batch
+    would have given (a batch cut for memory or to isolate a failure must not fail where
+    it whole would not)."""
+    kinds = {a.type for a in arrays if not pa.types.is_null(a.type)}
+    if len(kinds) == 1 and any(pa.types.is_null(a.type) for a in arrays):
+        kind = kinds.pop()
+        arrays = [pa.nulls(len(a), kind) if pa.types.is_null(a.type) else a for a in arrays]
+    return pa.concat_arrays(arrays)
 
 
 def mark_failed(
