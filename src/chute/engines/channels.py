@@ -11,7 +11,7 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 
-from chute.stages import KEY, ROW_BITS
+from chute.stages import KEY, ROW_BITS, decode
 
 
 class Stopped(Exception):
@@ -174,8 +174,7 @@ def _unit_of(key: int) -> int:
 def _by_unit(table: pa.Table) -> list[pa.Table]:
     """``table`` cut where its rows' unit changes (a batch of joined tails, as an earlier
     model's rebatcher makes them: each unit's rows together, in order)."""
-    keys = table.column(KEY).to_numpy()
-    units = np.where(keys < 0, -keys - 1, keys) >> ROW_BITS
+    units, _, _ = decode(table.column(KEY).to_numpy())
     cuts = [0, *(np.flatnonzero(np.diff(units)) + 1).tolist(), len(units)]
     return [table.slice(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
 

@@ -126,6 +126,23 @@ def describe_model(model: Model) -> dict[str, Any]:
     }
 
 
+def describe_metric(metric: Any) -> dict[str, Any]:
+    """A metric as plain data: its type and every option it was built with (a threshold,
+    bins, ``k``; a wrapped metric's own), so that a resume after one changed is another
+    job, not old states merged with new ones."""
+    options = {
+        k: describe_metric(v) if _metric_like(v) else _short_repr(v)
+        for k, v in sorted(vars(metric).items())
+    }
+    return {"type": f"{type(metric).__module__}.{type(metric).__qualname__}", **options}
+
+
+def _metric_like(value: Any) -> bool:
+    """A metric inside a metric (``Sliced``'s, a custom one's object)."""
+    has = [callable(getattr(value, name, None)) for name in ("init", "merge")]
+    return hasattr(value, "__dict__") and all(has)
+
+
 HASHED_ARRAY_BYTES = 64 * 2**20
 """Arrays and tensors in constructor arguments up to this size are hashed by content (a
 state dict's weights); bigger payloads are described by shape and dtype only."""

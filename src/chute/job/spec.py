@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chute.errors import ConfigError
-from chute.job.fingerprint import describe_model, fingerprint_of, fn_name, metric_code
+from chute.job.fingerprint import (
+    describe_metric,
+    describe_model,
+    fingerprint_of,
+    fn_name,
+    metric_code,
+)
 from chute.job.values import (
     BATCH_FORMATS,
     NAME,
@@ -25,7 +31,6 @@ from chute.job.values import (
     check_timeout,
     parse_bytes,
 )
-from chute.metrics.base import describe_metric
 from chute.usercode import code_files
 
 if TYPE_CHECKING:

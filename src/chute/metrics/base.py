@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -74,29 +73,6 @@ class Metric:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {', '.join(self.columns())}>"
-
-
-def describe_metric(metric: Any, depth: int = 0) -> Any:
-    """A metric as plain data for the job's fingerprint: its type and every option it was
-    built with (a threshold, bins, ``k``, a wrapped metric's own), so that a resume after
-    one changed is another job, not old states merged with new ones."""
-    if depth > 4:
-        return repr(metric)
-    if isinstance(metric, (str, int, float, bool)) or metric is None:
-        return metric
-    if isinstance(metric, np.ndarray):  # bin edges; a big one by its bytes
-        return (
-            metric.tolist() if metric.size <= 64 else hashlib.sha256(metric.tobytes()).hexdigest()
-        )
-    if isinstance(metric, (list, tuple)):
-        return [describe_metric(v, depth + 1) for v in metric]
-    if isinstance(metric, dict):
-        return {str(k): describe_metric(v, depth + 1) for k, v in sorted(metric.items())}
-    fields = getattr(metric, "__dict__", None)
-    if fields is None:
-        return repr(metric)
-    options = {k: describe_metric(v, depth + 1) for k, v in sorted(fields.items())}
-    return {"type": f"{type(metric).__module__}.{type(metric).__qualname__}", **options}
 
 
 def _column(table: pa.Table, name: str, metric: str) -> pa.ChunkedArray:

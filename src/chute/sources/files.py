@@ -390,14 +390,9 @@ class FileSource:
             if rows >= UNIT_TARGET_ROWS or rg == meta.num_row_groups - 1:
                 whole = len(group) == meta.num_row_groups
                 uid = self._unit_id(path) + ("" if whole else f"#rg{group[0]}-{group[-1]}")
-                units.append(
-                    Unit(
-                        start + len(units),
-                        *(uid, rows, nbytes, path, tuple(group)),
-                        size=size,
-                        stamp=stamp,
-                    )
-                )
+                index = start + len(units)
+                unit = Unit(index, uid, rows, nbytes, path, tuple(group), size=size, stamp=stamp)
+                units.append(unit)
                 group, rows, nbytes = [], 0, 0
         if meta.num_row_groups == 0:
             units.append(Unit(start, self._unit_id(path), 0, 0, path, (), size=size, stamp=stamp))

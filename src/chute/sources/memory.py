@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,11 +50,7 @@ class TableSource:
         if self._digest is None:
             # Columns hashed on all cores at once: hashlib lets go of the GIL for big buffers.
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                columns = list(pool.map(_column_digest, self.table.columns))
-            h = hashlib.sha256(str(self.table.schema).encode())
-            for digest in columns:
-                h.update(digest)
-            self._digest = h.hexdigest()[:32]
+                self._digest = _table_digest(self.table, pool.map).hex()[:32]
         return self._digest
 
 
@@ -67,11 +63,12 @@ def _column_digest(column: pa.ChunkedArray) -> bytes:
     return h.digest()
 
 
-def _block_digest(block: pa.Table) -> bytes:
-    """One block's hash: its schema and every column's buffers."""
-    h = hashlib.sha256(str(block.schema).encode())
-    for column in block.columns:
-        h.update(_column_digest(column))
+def _table_digest(table: pa.Table, mapping: Callable[..., Iterable[bytes]] = map) -> bytes:
+    """A table's hash: its schema and every column's buffers (columns hashed by
+    ``mapping``: a thread pool's ``map`` for a big table)."""
+    h = hashlib.sha256(str(table.schema).encode())
+    for digest in mapping(_column_digest, table.columns):
+        h.update(digest)
     return h.digest()
 
 
@@ -118,7 +115,7 @@ class DatasetSource:
         if self._digest is None:
             import ray
 
-            hashing = ray.remote(num_cpus=0.25)(_block_digest)
+            hashing = ray.remote(num_cpus=0.25)(_table_digest)
             digests = ray.get([hashing.remote(ref) for ref in self._blocks()])
             h = hashlib.sha256()
             for digest in digests:
