@@ -407,6 +407,34 @@ def test_a_pandas_model_that_reorders_its_rows_gets_each_answer_on_its_own_row(
     np.testing.assert_array_equal(got["m_twice"].to_numpy(), got["x"].to_numpy() * 2)
 
 
+def twice_by_dict(batch: Any) -> Any:
+    """A dict of Series, one of them sorted: each value is put back in order by its index."""
+    ordered = batch["x"].sort_values(ascending=False)
+    return {"twice": ordered * 2}
+
+
+@pytest.mark.timeout(60)
+def test_a_pandas_batch_never_takes_the_index_pandas_stored_in_the_file(
+    engine: str, tmp_path: Path
+) -> None:
+    """A file pandas wrote from a shuffled frame stores its index (__index_level_0__):
+    given to the batch, a result with positions for its index was put back "in order" by
+    those labels, every answer on another row. And a dict's sorted Series was taken by
+    position."""
+    frame = pd.DataFrame({"x": np.arange(1, 501) * 10}).sample(frac=1, random_state=0)
+    frame.to_parquet(tmp_path / "shuffled.parquet")
+    fresh = chute.Model(
+        "m",
+        lambda batch: pd.DataFrame({"twice": batch["x"].to_numpy() * 2}),
+        batch_format="pandas",
+    )
+    by_dict = chute.Model("d", twice_by_dict, batch_format="pandas", batch_size=64)
+    source = chute.FileSource(str(tmp_path / "shuffled.parquet"))
+    got = chute.predict(source, (fresh, by_dict), engine=engine)
+    np.testing.assert_array_equal(got["m_twice"].to_numpy(), got["x"].to_numpy() * 2)
+    np.testing.assert_array_equal(got["d_twice"].to_numpy(), got["x"].to_numpy() * 2)
+
+
 # ------------------------------------------------------------------ 3. kinds of model
 
 

@@ -111,12 +111,22 @@ def test_overwrite_wipes_another_jobs_results(tmp_path: Path) -> None:
     assert json.loads((out / META_DIR / "job.json").read_text())["fingerprint"] == "fp2"
 
 
-def test_overwrite_wipes_foreign_files(tmp_path: Path) -> None:
+def test_overwrite_wipes_what_chute_wrote_and_refuses_what_it_did_not(tmp_path: Path) -> None:
+    """--overwrite emptied the folder whole: a job whose output held its input (or the
+    user's notes) deleted them."""
+    for name in ("part-000001-0000000000-ab.parquet", ".part-x.tmp", "_SUCCESS"):
+        _touch(tmp_path / name)
+    for folder in ("_errors", "day=2024-01-05"):
+        (tmp_path / folder).mkdir()
+        _touch(tmp_path / folder / "part-000000-0000000000-cd.parquet")
+    _open(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [META_DIR]
     _touch(tmp_path / "notes.txt")
     (tmp_path / "sub").mkdir()
     _touch(tmp_path / "sub" / "x")
-    _open(tmp_path, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [META_DIR]
+    with pytest.raises(JobStateError, match=r"did not write.*'notes.txt', 'sub'"):
+        _open(tmp_path, overwrite=True)
+    assert (tmp_path / "notes.txt").exists() and (tmp_path / "sub" / "x").exists()
 
 
 def test_overwrite_of_the_same_job_starts_over(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ def test_class_constructor_failure_is_a_model_error() -> None:
             raise RuntimeError("weights missing")
 
     with pytest.raises(
-        ModelError, match=r"model 'm' failed to load: RuntimeError\('weights missing'\)"
+        ModelError, match=r"model 'm' failed to load: RuntimeError: weights missing"
     ):
         ModelStage(Model("m", Broken), ["x"])
 

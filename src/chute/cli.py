@@ -97,8 +97,12 @@ def main() -> None:
 def job_options(fn: F) -> F:
     """The overrides every job command accepts."""
     options = [
-        click.option("--input", "input_path", help="Replace the job's input path or glob."),
-        click.option("--output", "output_path", help="Replace the job's output location."),
+        click.option(
+            "--input", "input_path", help="Replace the job's input path or glob (from here)."
+        ),
+        click.option(
+            "--output", "output_path", help="Replace the job's output location (from here)."
+        ),
         click.option("--batch-size", help="Batch size for every model: rows, or a size like 8MiB."),
         click.option("--pool", type=click.IntRange(min=1), help="Fixed pool size for every model."),
         click.option(
@@ -116,14 +120,22 @@ def job_options(fn: F) -> F:
     return fn
 
 
+def _from_here(path: str | None) -> str | None:
+    if path is None or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def _load(job_file: str, **opts: Any) -> Job:
     from chute.config import load_job
 
     pool = opts.get("pool")
     return load_job(
         job_file,
-        input=opts.get("input_path"),
-        output=opts.get("output_path"),
+        # paths typed on the command line are the shell's: from the current directory
+        # (the job file's own paths are from its folder)
+        input=_from_here(opts.get("input_path")),
+        output=_from_here(opts.get("output_path")),
         batch_size=opts.get("batch_size"),
         pool=Pool.fixed(pool) if pool else None,
         engine=opts.get("engine"),

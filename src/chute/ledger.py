@@ -57,6 +57,36 @@ from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
 from chute.storage import StorageOptions, append, check, is_local, make_dir, put, read, redact
 
+
+def written_by_chute(name: str) -> bool:
+    """Whether an output directory's entry ``name`` is one chute writes: parts (and their
+    temporaries), ``_errors/``, ``_SUCCESS``, ``_chute/``, and ``column=value/`` partition
+    folders. Anything else is the user's: a run never deletes it, ``--overwrite`` included."""
+    return (
+        name.startswith(("part-", ".part-"))
+        or name in (META_DIR, SUCCESS, ERRORS_DIR)
+        or ("=" in name and not name.startswith((".", "=")))
+    )
+
+
+def foreign_files(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The entries of the output directory ``root`` that chute did not write, sorted."""
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return sorted(i.base_name for i in infos if not written_by_chute(i.base_name))
+
+
+def foreign_error(where: str, names: list[str], chute_was_here: bool) -> str:
+    shown = ", ".join(repr(n) for n in names[:5])
+    if len(names) > 5:
+        shown += f" and {len(names) - 5} more"
+    also = " beside the results of a chute job" if chute_was_here else ""
+    return (
+        f"output {where!r} holds files that chute did not write{also}: {shown}. chute "
+        "never deletes or mixes with them (--overwrite replaces only chute's own results). "
+        "Choose an empty or new directory, or move those files away."
+    )
+
+
 META_DIR = "_chute"
 SUCCESS = "_SUCCESS"
 LEDGER_FILE = "ledger.jsonl"
@@ -179,14 +209,12 @@ class Ledger:
             raise JobStateError(f"output {self.root!r} is a file; give a directory.")
         if info.type == pafs.FileType.Directory:
             owner = self.read_json("job.json")
+            foreign = self._foreign()
+            if foreign:  # never deleted, never mixed with: not even --overwrite wipes them
+                raise JobStateError(foreign_error(redact(self.root), foreign, owner is not None))
             if overwrite or (owner is not None and not self.read_entries()):
                 # asked to, or the earlier job committed nothing: there is nothing to mix
                 self._wipe()
-            elif owner is None and self._foreign_files():
-                raise JobStateError(
-                    f"output {self.root!r} holds files that chute did not write. Choose an "
-                    "empty or new directory, or pass --overwrite to replace its contents."
-                )
             elif owner is not None and owner.get("fingerprint") != fingerprint:
                 changed = describe_changes(owner.get("job", {}), description)
                 raise JobStateError(
@@ -228,6 +256,10 @@ class Ledger:
                 retrying(partial(self._remove, info), f"removing {info.path}")
         self._entries = {}
 
+    def _foreign(self) -> list[str]:
+        """What the location holds that chute did not write (refused, never wiped)."""
+        return foreign_files(self.fs, self.root)
+
     def _remove(self, info: pafs.FileInfo) -> None:
         if info.type == pafs.FileType.Directory:
             with contextlib.suppress(FileNotFoundError):
@@ -239,10 +271,6 @@ class Ledger:
         """Before deleting anything: this run must still own the location."""
         if self.lease is not None:
             self.lease.check()
-
-    def _foreign_files(self) -> bool:
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root))
-        return any(i.base_name not in (META_DIR, SUCCESS) for i in infos)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         data = retrying(lambda: read(self.fs, f"{self.meta}/{name}"), f"reading {name}")

@@ -135,7 +135,8 @@ class Plan:
     @property
     def reader(self) -> Reader:
         skip = self.job.on_bad_input == "skip"
-        return Reader(self.source, self.read_columns, self.schema, self.reference, skip)
+        every = self.job.carryover == ("*",)
+        return Reader(self.source, self.read_columns, self.schema, self.reference, skip, every)
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,10 @@ class Reader:
     """Reads units into tagged batches; small and picklable, shipped to read tasks.
 
     Every unit is conformed to ``schema`` (the planned columns, from the first file): a
-    column that is missing, or whose type cannot be cast safely, is schema drift, named
-    with both files. With ``skip_bad`` a unit that cannot be read becomes a skip marker.
+    column that is missing, or whose values a cast would change, is schema drift, named
+    with both files. With ``every`` (the job carries every column) a column the planned
+    ones lack is drift too: it would be dropped. With ``skip_bad`` a unit that cannot be
+    read becomes a skip marker.
     """
 
     source: Source
@@ -152,13 +155,20 @@ class Reader:
     schema: pa.Schema | None = None
     reference: str | None = None
     skip_bad: bool = False
+    every: bool = False
+
+    @property
+    def _wanted(self) -> list[str] | None:
+        """The columns asked of the source: all of them when every column is carried, so
+        that one the planned columns lack is seen (and refused), not left unread."""
+        return None if self.every else self.columns
 
     def __call__(self, unit: Unit) -> Iterator[pa.Table]:
         if unit.error and not self.skip_bad:
             raise DataError(unit.error)
         batches = None
         if unit.rows and not unit.error and not self.skip_bad:
-            batches = stream(self.source, unit, self.columns)
+            batches = stream(self.source, unit, self._wanted)
         if batches is not None:  # under skip, a unit is read whole first: skipped or not
             yield from self._streamed(unit, batches)
             return
@@ -196,7 +206,7 @@ class Reader:
     def _read(self, unit: Unit) -> pa.Table:
         """The unit's rows, conformed to the planned schema (none: not conformed)."""
         try:
-            table = self.source.read(unit, self.columns)
+            table = self.source.read(unit, self._wanted)
         except UnreadableRows as exc:  # some rows only (an image file): the others go on
             if not self.skip_bad:
                 raise
@@ -208,27 +218,85 @@ class Reader:
     def _conform(self, table: pa.Table, unit: Unit) -> pa.Table:
         if self.schema is None:
             return table
+        here = unit.path or unit.id
+        if self.every and (extra := [c for c in table.column_names if c not in self.schema.names]):
+            raise DataError(
+                f"schema drift: column {extra[0]!r} is in {here} but not in {self.reference}, "
+                "whose columns the job carries ('*'): it would be dropped. Make the files "
+                "agree, or list the columns to carry, or set on_bad_input: skip to leave such "
+                "files out."
+            )
         columns = []
         for want in self.schema:
-            got = table.schema.field(want.name) if want.name in table.column_names else None
-            if got is None or (pa.types.is_null(got.type) and not pa.types.is_null(want.type)):
+            if want.name not in table.column_names:
                 raise DataError(
                     f"schema drift: column {want.name!r} is in {self.reference} but not in "
-                    f"{unit.path or unit.id}. Make the files agree, or drop the column from "
-                    "the job, or set on_bad_input: skip to leave such files out."
+                    f"{here}. Make the files agree, or drop the column from the job, or set "
+                    "on_bad_input: skip to leave such files out."
                 )
             column = table.column(want.name)
-            if got.type != want.type:
+            if column.type != want.type:
                 try:
-                    column = column.cast(want.type)
+                    column = cast_exactly(column, want.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise DataError(
                         f"schema drift: column {want.name!r} is {want.type} in {self.reference} "
-                        f"but {got.type} in {unit.path or unit.id}, and cannot be cast ({exc}). "
-                        "Make the files agree, or set on_bad_input: skip to leave such files out."
+                        f"but {column.type} in {here}, and cannot be made {want.type} without "
+                        f"changing values ({exc}). Make the files agree, or set on_bad_input: "
+                        "skip to leave such files out."
                     ) from exc
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
+    """``column`` as ``want``, where that changes no value: all-null values take any type;
+    otherwise both types must hold the same kind of value (numbers, text, instants...),
+    Arrow's safe cast must accept it (no overflow, no truncation) and casting back must
+    give the values read. Text is never made from numbers (``02139`` read as 2139 would
+    come back as ``"2139"``) and instants never lose their time of day."""
+    got = column.type
+    if pa.types.is_null(got):
+        return pa.chunked_array([pa.nulls(len(column), want)], want)
+    if pa.types.is_dictionary(got):
+        column, got = column.cast(got.value_type), got.value_type
+    plain = want.value_type if pa.types.is_dictionary(want) else want
+    if _kind(got) != _kind(plain):
+        raise pa.ArrowInvalid(f"{got} values are not {plain} values")
+    cast = column.cast(want)
+    if got != plain and not _same_values(cast.cast(plain).cast(got), column):
+        raise pa.ArrowInvalid(f"the cast to {plain} would change values")
+    return cast
+
+
+def _kind(t: pa.DataType) -> str:
+    """What a type's values are, whatever their width or unit."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "text"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "bytes"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "instant"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return "list"
+    return str(t.id)
+
+
+def _same_values(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """Equal values at every row, a null against a null and NaN against NaN included."""
+    import pyarrow.compute as pc
+
+    if (a.null_count or b.null_count) and pc.any(pc.xor(pc.is_null(a), pc.is_null(b))).as_py():
+        return False
+    try:
+        equal = pc.equal(a, b)
+    except pa.ArrowNotImplementedError:  # nested values: Arrow's own comparison
+        return bool(a.equals(b))
+    if pa.types.is_floating(a.type):
+        equal = pc.or_kleene(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return bool(pc.all(pc.fill_null(equal, True)).as_py())
 
 
 def _changed(unit: Unit, rows: int) -> str:
@@ -261,7 +329,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     if all(u.rows == 0 for u in readable):
         raise DataError("the input dataset has no rows: nothing to predict.")
     if limit is not None:
-        units = _limit(readable, limit)
+        units = _limit(readable, limit, job.source)
     stages = [_stage(job, m, schema, readable) for m in job.models]
     plan = Plan(job, units, read_columns, carry, stages, list(units))
     plan.source_columns = list(schema.names)
@@ -269,7 +337,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     plan.schema = (
         schema if read_columns is None else pa.schema([schema.field(c) for c in read_columns])
     )
-    plan.reference = readable[0].path or readable[0].id
+    plan.reference = getattr(job.source, "reference", None) or readable[0].path or readable[0].id
     return plan
 
 
@@ -408,7 +476,10 @@ def _row_bytes(job: JobSpec, inputs: Sequence[str], schema: pa.Schema, units: li
     return float(width + 8 * (len(inputs) - len(known)))
 
 
-def _limit(units: list[Unit], limit: int) -> list[Unit]:
+def _limit(units: list[Unit], limit: int, source: Source) -> list[Unit]:
+    """The first ``limit`` rows' units, the last one cut short. A unit whose rows the plan
+    does not know (CSV, JSON Lines) is counted by reading it: planned as ``limit`` rows, one
+    that holds fewer would read as an input that changed since planning."""
     if limit <= 0:
         raise ConfigError(f"--limit must be > 0, got {limit}.")
     chosen: list[Unit] = []
@@ -416,7 +487,8 @@ def _limit(units: list[Unit], limit: int) -> list[Unit]:
     for unit in units:
         if left <= 0:
             break
-        take = left if unit.rows is None else min(left, unit.rows)
+        rows = unit.rows if unit.rows is not None else source.read(unit, None).num_rows
+        take = min(left, rows)
         chosen.append(replace(unit, rows=take))
         left -= take
     return chosen

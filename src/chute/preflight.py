@@ -28,9 +28,9 @@ from chute.engines.resources import check_local
 from chute.errors import ConfigError, JobStateError, ResourceError
 from chute.job import JobSpec, describe_changes
 from chute.lease import live_claims
-from chute.ledger import META_DIR, SUCCESS, Ledger
+from chute.ledger import META_DIR, Ledger, foreign_error, foreign_files
 from chute.plan import Plan
-from chute.sinks import output_filesystem
+from chute.sinks import EXTENSIONS, output_filesystem
 from chute.storage import check, redact
 from chute.tables import TableSink
 from chute.usercode import import_string
@@ -114,6 +114,7 @@ def check_output(
     where = redact(sink.path)
     check(sink.path, sink.storage, "output")
     fs, root = output_filesystem(sink.path, sink.storage)
+    _check_apart(job, fs, root, EXTENSIONS[sink.format])
     kind = fs.get_file_info(root).type
     if kind == pafs.FileType.File:
         raise JobStateError(
@@ -128,9 +129,25 @@ def check_output(
             f"output {where!r} is in use by another chute run: {owners[0].describe()}. Wait "
             "for it to finish or stop it, or choose another output location."
         )
+    foreign = foreign_files(fs, root)
+    if foreign:
+        owner = Ledger(fs, root).read_json("job.json")
+        raise JobStateError(foreign_error(where, foreign, owner is not None))
     if overwrite:
         return f"output {where} will be overwritten"
     return _holds(fs, root, where, fingerprint, description)
+
+
+def _check_apart(job: JobSpec, fs: pafs.FileSystem, root: str, extension: str) -> None:
+    """The output and the input do not overlap (:meth:`FileSource.overlaps`)."""
+    overlaps = getattr(job.source, "overlaps", None)
+    why = overlaps(fs, root, f"part-000000-0000000000-00000000{extension}") if overlaps else None
+    if why:
+        raise ConfigError(
+            f"{why}: a run would read its own output as input, and --overwrite would delete "
+            "its input. Write the output outside the input (a folder beside it, or one "
+            "whose name starts with '_' inside an input folder)."
+        )
 
 
 def _holds(
@@ -140,12 +157,6 @@ def _holds(
     ledger = Ledger(fs, root)
     owner = ledger.read_json("job.json")
     if owner is None:
-        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(root))]
-        if any(n not in (META_DIR, SUCCESS) for n in names):
-            raise JobStateError(
-                f"output {where!r} holds files that chute did not write. Choose an empty or "
-                "new directory, or pass --overwrite to replace its contents."
-            )
         return f"output {where} is empty"
     entries = ledger.read_entries()
     if owner.get("fingerprint") != fingerprint and entries:

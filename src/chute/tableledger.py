@@ -337,8 +337,8 @@ class TableLedger(Ledger):
         infos = [i for f in folders for i in self._list(f"{self.root}/{f}")]
         return {i.path: i.size for i in infos if i.is_file}
 
-    def _foreign_files(self) -> bool:
-        return False  # a table's location holds its own files: chute's are in their folders
+    def _foreign(self) -> list[str]:
+        return []  # a table's location holds its own files: chute's are in their folders
 
     def _wipe(self) -> None:
         """Start this job afresh (it committed nothing): its ledger and orphan files go."""

@@ -42,7 +42,7 @@ def import_string(target: str) -> Any:
         ) from exc
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r} (from {target!r}): {exc}") from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import: it raised
         raise ModelError(
             f"importing {module_name!r} (from {target!r}) raised {type(exc).__name__}: {exc}"
         ) from exc

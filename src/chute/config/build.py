@@ -80,6 +80,7 @@ def build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
             [_resolve(p, base) for p in paths],
             source.format,
             storage,
+            source.column_types,
             **source.model_dump(include={"size", "mode"}, exclude_none=True),
         ),
         models=tuple(_model(i, m, base, overrides) for i, m in enumerate(config.models)),
@@ -227,6 +228,7 @@ def _model_fn(config: ModelConfig, base: str, trust_pickle: bool) -> Any:
 
 
 def _resolve(path: str, base: str) -> str:
+    path = path if "://" in path else os.path.expanduser(path)  # ~/data: the home folder's
     if "://" in path or os.path.isabs(path):
         return path
     return os.path.normpath(os.path.join(base, path))

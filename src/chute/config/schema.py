@@ -57,6 +57,8 @@ class PreprocessConfig(_Strict):
 class InputConfig(_Strict):
     path: str | list[str]
     format: Literal["parquet", "csv", "jsonl", "images", "openai-batch"] | None = None
+    column_types: dict[str, str] | None = None
+    """CSV and JSON Lines only: a type per column (``{zip: string}``) over the inferred one."""
     size: list[int] | None = None
     """Images only: ``[height, width]`` to resize every image to (:mod:`chute.sources.images`)."""
     mode: Literal["RGB", "L"] | None = None

@@ -25,17 +25,23 @@ that fixes its threads when it loads keeps those it was built with, the whole sh
 the first replica); a newest
 replica whose first call was short, or that waited for its input, settles the pool, and
 the replicas then split the model's share of the threads. A pool or resources the user
-set keep the size asked for.
+set keep the size asked for. An object the job holds (not a class or a function) keeps
+one replica: every local replica would call that one object (:func:`shared_object`).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import types
 from pathlib import Path
 
 from chute.engines.resources import fuses
+from chute.errors import ChuteError
 from chute.job import Model
+from chute.models import AdapterSpec
+from chute.usercode import import_string
 
 GROW_MEMORY = 512 * 1024 * 1024
 """The most a replica's load may add to the process for another replica to start."""
@@ -68,9 +74,31 @@ def growth_for(model: Model, replicas: int, threads: int) -> Growth:
     tasks on Ray (:func:`chute.engines.resources.fuses`: its pool and resources left as
     they are, CPUs only, not an adapter whose pool bounds its engines or requests, such as
     vLLM or an OpenAI-compatible server); else those planned."""
-    if fuses(model) and replicas * threads > 1:
+    if fuses(model) and replicas * threads > 1 and not shared_object(model):
         return Growth(replicas * threads, replicas * threads, grows=True)
     return Growth(replicas, replicas * threads, grows=False)
+
+
+def shared_object(model: Model) -> bool:
+    """Whether ``model`` is an object the job holds (an instance with ``__call__``), not a
+    class or adapter each replica builds, nor a function: local replicas would all call
+    that one object, from several threads at once, and an object that keeps state between
+    calls (a staging buffer, an ONNX I/O binding) would mix their inputs. It keeps one
+    replica unless its pool asks for more. (On Ray each worker unpickles a copy of its own.)"""
+    fn = model.fn
+    if isinstance(fn, AdapterSpec | type):
+        return False
+    if isinstance(fn, str):
+        try:
+            fn = import_string(fn)
+        except ChuteError:
+            return False
+        if isinstance(fn, type):
+            return False
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    # a function; a bound method (``clf.predict``) is its object's, shared like it
+    return not isinstance(fn, types.FunctionType | types.BuiltinFunctionType)
 
 
 def resident_bytes() -> int | None:

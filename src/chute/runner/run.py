@@ -142,7 +142,8 @@ def _execute(
     except ChuteError as exc:
         _save_partial(ledger, run, committer, exc)
         raise
-    except Exception as exc:  # the one boundary: by type, the same on every engine
+    except (Exception, SystemExit) as exc:  # the one boundary: by type, on every engine
+        # (SystemExit: a sys.exit() in code a run calls must not end it "successfully")
         _save_partial(ledger, run, committer, translate(exc))
         raise translate(exc) from exc
     except BaseException as exc:  # Ctrl-C too: what was committed is reported, then resumed

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -64,23 +64,31 @@ def file_source(
     paths: str | Sequence[str],
     format: str | None = None,
     storage: StorageOptions | None = None,
+    column_types: Mapping[str, str] | None = None,
     **options: Any,
 ) -> FileSource | TableSource:
     """Files as a source (an OpenAI Batch file with ``format="openai-batch"``); image files
     (``format="images"``, or named ``.jpg``/``.png``, or a folder of them) become an
-    :class:`~chute.sources.images.ImageSource` taking ``options``."""
+    :class:`~chute.sources.images.ImageSource` taking ``options``; CSV and JSON Lines
+    take ``column_types``."""
+    images = format == "images" or (format is None and looks_like_images(paths))
+    if column_types and (format in ("openai-batch", "parquet") or images):
+        raise ConfigError(
+            "column_types: an option of CSV and JSON Lines input, which carry no types; "
+            f"{'image' if images else format} input does. Leave it out."
+        )
     if format == "openai-batch":
         from chute.sources.openai_batch import OpenAIBatchSource
 
         return OpenAIBatchSource(paths, storage=storage)
-    if format == "images" or (format is None and looks_like_images(paths)):
+    if images:
         return ImageSource(paths, storage=storage, **options)
     if any(v is not None for v in options.values()):
         raise ConfigError(
             f"{', '.join(options)}: options of image inputs, but the input is {format or 'not'} "
             "images. Set format: images, or leave the options out."
         )
-    return FileSource(paths, format, storage)
+    return FileSource(paths, format, storage, column_types)
 
 
 __all__ = [

@@ -13,9 +13,9 @@ import errno
 import io
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import INPUT_CHANGED, ChuteError, DataError
+from chute.errors import INPUT_CHANGED, ChuteError, ConfigError, DataError
 from chute.retry import retrying
 from chute.sources.base import (
     FORMATS,
@@ -58,11 +58,15 @@ def _has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
-def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInfo]:
+def _list_files(
+    fs: pafs.FileSystem, path: str, original: str, keep_empty: bool = False
+) -> list[pafs.FileInfo]:
     """The files of a path, directory or glob: one recursive listing (paginated on an
     object store: one request per 1,000 objects), never a request per file."""
     try:
-        return retrying(lambda: _listing(fs, path, original), f"listing {redact(original)}")
+        return retrying(
+            lambda: _listing(fs, path, original, keep_empty), f"listing {redact(original)}"
+        )
     except ChuteError:
         raise
     except OSError as exc:
@@ -71,7 +75,10 @@ def _list_files(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.File
         raise DataError(f"cannot list the input {redact(original)!r}: {exc}") from exc
 
 
-def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInfo]:
+def _listing(
+    fs: pafs.FileSystem, path: str, original: str, keep_empty: bool = False
+) -> list[pafs.FileInfo]:
+    """A folder's files leave out hidden ones and, unless ``keep_empty``, 0-byte ones."""
     if _has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
@@ -90,7 +97,9 @@ def _listing(fs: pafs.FileSystem, path: str, original: str) -> list[pafs.FileInf
         return [info]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     files = [
-        i for i in infos if i.is_file and not _hidden(i.path[len(path) :]) and i.size and i.size > 0
+        i
+        for i in infos
+        if i.is_file and not _hidden(i.path[len(path) :]) and (keep_empty or (i.size or 0) > 0)
     ]
     return sorted(files, key=lambda i: i.path)
 
@@ -201,8 +210,57 @@ def _when(ns: int | None) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
+def _real(path: str) -> str:
+    """A local path with its links resolved (the file it names, however it is spelled)."""
+    return os.path.realpath(path)
+
+
+def _same(path: str) -> str:
+    return path
+
+
 def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+
+
+LOOKAHEAD_FILES = 8
+"""Further files read while planning for the type of a column the first file leaves empty."""
+
+
+def _arrow_types(declared: Mapping[str, str | pa.DataType]) -> dict[str, pa.DataType]:
+    """``column_types`` as Arrow types: a type, or its name (``string``, ``timestamp[ms]``)."""
+    types: dict[str, pa.DataType] = {}
+    for name, given in declared.items():
+        if isinstance(given, pa.DataType):
+            types[name] = given
+            continue
+        try:
+            types[name] = pa.type_for_alias(str(given))
+        except (ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"column_types: {given!r} (column {name!r}) is not an Arrow type name. Use "
+                "string, int64, float64, bool, date32, timestamp[ms], ..."
+            ) from exc
+    return types
+
+
+def _check_names(schema: pa.Schema, path: str) -> None:
+    """A CSV header or JSON keys that name a column twice: Arrow keeps both, chute could
+    not tell them apart."""
+    try:
+        names = schema.names
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"input file {path!r} is not UTF-8: its column names do not decode ({exc}). "
+            "Save the file as UTF-8."
+        ) from exc
+    seen: set[str] = set()
+    twice = sorted({n for n in names if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
+    if twice:
+        raise DataError(
+            f"input file {path!r} names the column(s) {', '.join(map(repr, twice))} more than "
+            "once. Rename them so that each name is unique."
+        )
 
 
 def _format_of(path: str) -> str | None:
@@ -213,13 +271,23 @@ class FileSource:
     """Parquet, CSV or JSON Lines files: one file, a directory or a glob.
 
     >>> FileSource("data/*.parquet").plan()  # doctest: +SKIP
+
+    CSV and JSON Lines carry no types: Arrow infers them from the values of the first file
+    with rows, and every other file is read with those types (never inferred again and
+    cast, which rewrote values: ``02139`` read as a number and cast back to ``2139``).
+    ``column_types`` declares a column's type instead (``{"zip": "string"}``).
     """
+
+    KEEPS_EMPTY_FILES: ClassVar[bool] = False
+    """Whether a folder's 0-byte files are listed: a table's hold no rows (left out); an
+    image source's file is a row each, so one that is empty must be named, not lost."""
 
     def __init__(
         self,
         path: str | Sequence[str],
         format: str | None = None,
         storage: StorageOptions | None = None,
+        column_types: Mapping[str, str | pa.DataType] | None = None,
     ) -> None:
         self.paths = [path] if isinstance(path, str) else list(path)
         if not self.paths:
@@ -227,6 +295,12 @@ class FileSource:
         self.format = format
         self.storage = (storage or StorageOptions()).with_env()
         """How to reach remote storage; carried to workers, which rebuild the filesystem."""
+        self.column_types = _arrow_types(column_types or {})
+        """Declared types of CSV / JSON Lines columns (by name), over the inferred ones."""
+        self._planned: pa.Schema | None = None
+        """The columns every file is read with, once :meth:`schema` has found them."""
+        self._reference: str | None = None
+        """The file :meth:`schema` took the columns from."""
         self._files: list[str] | None = None
         self._stamps: dict[str, tuple[int | None, int | None]] = {}
         self._fs: pafs.FileSystem | None = None
@@ -242,6 +316,9 @@ class FileSource:
             "_files": None,
             "_stamps": {},
             "storage": self.storage,
+            "column_types": self.column_types,
+            "_planned": self._planned,
+            "_reference": self._reference,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -263,7 +340,7 @@ class FileSource:
                 check(original, self.storage)  # a missing bucket, refused credentials
                 fs, path = _filesystem(original, self.storage)
                 self._fs = fs
-                found.extend(_list_files(fs, path, original))
+                found.extend(_list_files(fs, path, original, self.KEEPS_EMPTY_FILES))
             if not found:
                 raise self._nothing_found()
             found = _distinct(found, self.filesystem)
@@ -313,8 +390,17 @@ class FileSource:
         """The columns of the first file that can be read (for CSV and JSON Lines, of the
         first with rows: a header alone has no types). A file that cannot be read is
         planned as a unit that failed (:attr:`Unit.error`); the job names it or skips it."""
-        fallback: pa.Schema | None = None
-        for path in self.files():
+        if self._planned is not None:
+            return self._planned
+        files = self.files()
+        if self.column_types and self.format not in ("csv", "jsonl"):
+            raise ConfigError(
+                f"column_types: an option of CSV and JSON Lines input, which carry no types; "
+                f"{self.format} input does. Leave it out."
+            )
+        found: tuple[pa.Schema, str] | None = None
+        fallback: tuple[pa.Schema, str] | None = None
+        for k, path in enumerate(files):
             if path in self._bad:
                 continue
             try:
@@ -323,11 +409,45 @@ class FileSource:
                 self._bad[path] = str(exc)
                 continue
             if rows != 0:
-                return schema
-            fallback = fallback or schema
-        if fallback is not None:
-            return fallback
-        raise DataError(next(iter(self._bad.values())))
+                found = (self._typed(schema, files[k + 1 :]), path)
+                break
+            fallback = fallback or (schema, path)
+        found = found or fallback
+        if found is None:
+            raise DataError(next(iter(self._bad.values())))
+        if self.column_types:
+            undeclared = set(self.column_types) - set(found[0].names)
+            if undeclared:
+                raise ConfigError(
+                    f"column_types names {sorted(undeclared)}, which {found[1]!r} does not "
+                    f"have (its columns: {', '.join(found[0].names)}). Check the names."
+                )
+        self._planned, self._reference = found
+        return self._planned
+
+    def _typed(self, schema: pa.Schema, later: Sequence[str]) -> pa.Schema:
+        """``schema`` with a type for each column whose values were all empty (Arrow's null
+        type), from the next few files that have values in it: with the null type, a later
+        file's values could not be read. One still unknown stays null (a later file with
+        values there is refused, and says to declare the type)."""
+        unknown = {f.name for f in schema if pa.types.is_null(f.type)}
+        types: dict[str, pa.DataType] = {}
+        for path in later[:LOOKAHEAD_FILES]:
+            if not unknown - set(types):
+                break
+            try:
+                other, _ = self._schema_of(path)
+            except DataError:
+                continue
+            for name in unknown - set(types):
+                if name in other.names and not pa.types.is_null(other.field(name).type):
+                    types[name] = other.field(name).type
+        return pa.schema([f.with_type(types.get(f.name, f.type)) for f in schema])
+
+    @property
+    def reference(self) -> str | None:
+        """The file the planned columns come from (for a message naming two files)."""
+        return self._reference
 
     def _schema_of(self, path: str) -> tuple[pa.Schema, int | None]:
         """A file's columns, and its rows where that took reading them (CSV, JSON Lines)."""
@@ -350,7 +470,7 @@ class FileSource:
                     self._unit_id(f),
                     None,
                     path=f,
-                    error=self._bad.get(f, ""),
+                    error=self._bad.get(f, "") or self._empty(f),
                     size=self._size(f),
                     stamp=self._stamp(f),
                 )
@@ -401,6 +521,10 @@ class FileSource:
     def _size(self, path: str) -> int | None:
         return self._stamps.get(path, (None, None))[0]
 
+    def _empty(self, path: str) -> str:
+        """Why a listed 0-byte file (named alone, or by a glob) cannot be read; "" if not."""
+        return f"input file {redact(path)!r} is empty (0 bytes)." if self._size(path) == 0 else ""
+
     def _stamp(self, path: str) -> int | None:
         return self._stamps.get(path, (None, None))[1]
 
@@ -427,6 +551,28 @@ class FileSource:
 
     def _unit_id(self, path: str) -> str:
         return path
+
+    def overlaps(self, fs: pafs.FileSystem, root: str, part_name: str) -> str | None:
+        """Why an output directory at ``root`` on ``fs`` cannot go with this input (or
+        ``None``): an input file inside it would be deleted by ``--overwrite`` and read
+        back as output, and an output inside an input folder (or under a glob that would
+        match its part files, named like ``part_name``) is read as input by the next run."""
+        if fs.type_name != self.filesystem.type_name:
+            return None
+        real = _real if is_local(fs) else _same
+        out = real(root)
+        for path in self.files():
+            if real(path) == out or real(path).startswith(out + "/"):
+                return f"the input file {path!r} is inside the output {root!r}"
+        part = f"{out}/{part_name}"
+        for original in self.paths:
+            given = real(_filesystem(original, self.storage)[1])
+            if _has_glob(given):
+                if _glob(given).fullmatch(part):
+                    return f"the input glob {original!r} matches the output's files ({part})"
+            elif out.startswith(given + "/") and not _hidden(out[len(given) :]):
+                return f"the output {root!r} is inside the input folder {original!r}"
+        return None
 
     def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
         """Read a unit; columns the file lacks are left out (the reader names the drift)."""
@@ -486,24 +632,60 @@ class FileSource:
     def _read_file(
         self, path: str, columns: Sequence[str] | None, listed: int | None = None
     ) -> pa.Table:
-        """A CSV or JSON Lines file (checked against its ``listed`` size: :meth:`_open_unit`)."""
-        with self._open_unit(path, listed) as handle:
-            if self.format == "csv":
-                opts = pacsv.ConvertOptions(
-                    include_columns=list(columns) if columns else None,
-                    include_missing_columns=True,
-                )
-                table = pacsv.read_csv(handle, convert_options=opts)
-            else:
-                table = pajson.read_json(io.BytesIO(handle.read()))
+        """A CSV or JSON Lines file (checked against its ``listed`` size: :meth:`_open_unit`),
+        read with the planned column types (:attr:`column_types` alone while planning)."""
+        types = self._types()
+        try:
+            with self._open_unit(path, listed) as handle:
+                if self.format == "csv":
+                    opts = pacsv.ConvertOptions(
+                        include_columns=list(columns) if columns else None,
+                        include_missing_columns=True,
+                        column_types=types,
+                    )
+                    table = pacsv.read_csv(handle, convert_options=opts)
+                else:
+                    parse = pajson.ParseOptions(
+                        explicit_schema=pa.schema(types) if types else None,
+                        unexpected_field_behavior="infer",
+                    )
+                    table = pajson.read_json(io.BytesIO(handle.read()), parse_options=parse)
+        except pa.ArrowInvalid as exc:
+            if not types:
+                raise
+            raise DataError(self._type_error(path, exc)) from exc
+        _check_names(table.schema, path)
         if columns is None:
             return table
         return table.select([c for c in columns if c in table.column_names])
 
+    def _types(self) -> dict[str, pa.DataType]:
+        """The type each column is read with: the planned ones, then the declared ones."""
+        planned = self._planned
+        known = {} if planned is None else {f.name: f.type for f in planned}
+        return {**known, **self.column_types}
+
+    def _type_error(self, path: str, exc: pa.ArrowInvalid) -> str:
+        where = (
+            "the column types declared in column_types"
+            if self._reference is None
+            else f"the column types of {self._reference!r} (inferred from its values"
+            + (", and column_types)" if self.column_types else ")")
+        )
+        return (
+            f"cannot read input file {path!r} with {where}: {exc}. Declare the column's type "
+            "for every file (input: column_types: {name: string}; any Arrow type name: int64, "
+            "float64, bool, date32, timestamp[ms], ...), or make the files agree, or set "
+            "on_bad_input: skip to leave such files out."
+        )
+
     def describe(self) -> dict[str, Any]:
         files = self.files()
-        return {
+        described: dict[str, Any] = {
             "kind": "files",
             "format": self.format,
             "files": [[f, *self._stamps.get(f, (None, None))] for f in files],
         }
+        if self.column_types:  # only when set: the fingerprints of earlier jobs stay as they were
+            described["column_types"] = {k: str(t) for k, t in self.column_types.items()}
+        return described

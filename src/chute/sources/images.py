@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 UNIT_IMAGES = 256
 """Files per unit: what one read task decodes, and what the ledger commits at once."""
+SHAPE_TRIES = 16
+"""Files tried, in order, for the image shape when no ``size`` is given."""
 MODES = {"RGB": 3, "L": 1}
 """Pillow modes offered, and the channels each gives."""
 PATH, IMAGE = "path", "image"
@@ -96,6 +98,8 @@ class ImageSource(FileSource):
     >>> ImageSource("photos/", size=(224, 224)).plan()  # doctest: +SKIP
     """
 
+    KEEPS_EMPTY_FILES = True
+
     def __init__(
         self,
         path: str | Sequence[str],
@@ -128,10 +132,18 @@ class ImageSource(FileSource):
 
     @property
     def tensor_shape(self) -> tuple[int, int, int]:
-        """``(height, width, channels)`` of every row: from ``size``, or the first file."""
+        """``(height, width, channels)`` of every row: from ``size``, or the first file
+        that can be decoded (one that cannot is its unit's to fail, or to skip)."""
         if self._shape is None:
-            first = self.files()[0]
-            self._shape = self.options.shape(self._stored_size(first))
+            files = self.files()
+            for k, path in enumerate(files[:SHAPE_TRIES]):
+                try:
+                    self._shape = self.options.shape(self._stored_size(path))
+                    break
+                except DataError:
+                    if k == min(len(files), SHAPE_TRIES) - 1:
+                        raise
+        assert self._shape is not None
         return self._shape
 
     def _stored_size(self, path: str) -> tuple[int, int]:

@@ -63,7 +63,7 @@ def read_requests(
     fs, where = resolve(path, storage)
     try:
         with fs.open_input_stream(where) as stream:
-            text = stream.read().decode("utf-8")
+            text = stream.read().decode("utf-8-sig")  # a BOM, as JSON Lines input allows
     except FileNotFoundError:
         raise DataError(
             f"the batch input {redact(path)!r} does not exist: check the path."

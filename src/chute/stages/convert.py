@@ -16,7 +16,9 @@ def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
     if fmt == "pyarrow":
         return table
     if fmt == "pandas":
-        return table.to_pandas()
+        # ignore_metadata: never the index pandas stored in the file (``__index_level_0__``):
+        # a batch's index is its row positions, so that a result is put back in order by it
+        return table.to_pandas(ignore_metadata=True)
     return {name: _to_numpy(table.column(name)) for name in table.column_names}
 
 
@@ -66,9 +68,13 @@ def to_columns(
 def _in_batch_order(out: Any, batch: Any) -> Any:
     """A pandas result whose index is the batch's in another order (a sort, a groupby, a
     shuffle inside the model) in the batch's order: taken by position, its values would
-    be attached to other rows. Any other index is the model's own: taken by position."""
-    kinds = ("DataFrame", "Series")
-    if type(out).__name__ not in kinds or type(batch).__name__ != "DataFrame":
+    be attached to other rows. Any other index is the model's own: taken by position. A
+    dict's Series values are each put in order the same way."""
+    if type(batch).__name__ != "DataFrame":
+        return out
+    if isinstance(out, dict):  # {"y": series.sort_values()}: each value by its index too
+        return {key: _in_batch_order(value, batch) for key, value in out.items()}
+    if type(out).__name__ not in ("DataFrame", "Series"):
         return out
     index, wanted = out.index, batch.index
     if index.equals(wanted) or len(index) != len(wanted) or not index.is_unique:

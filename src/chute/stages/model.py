@@ -151,8 +151,8 @@ class ModelStage:
             return target  # type: ignore[no-any-return]
         try:
             instance = target(*args, **kwargs)
-        except Exception as exc:
-            raise ModelError(f"model {model.name!r} failed to load: {exc!r}") from exc
+        except (Exception, SystemExit) as exc:  # sys.exit() in user code: a failure too
+            raise ModelError(f"model {model.name!r} failed to load: {_named(exc)}") from exc
         if not callable(instance):
             raise ConfigError(f"model {model.name!r}: {target.__name__} has no __call__.")
         return instance  # type: ignore[no-any-return]
@@ -165,8 +165,10 @@ class ModelStage:
             return spec.build(ReplicaContext(model.name, model.resources, self._gpu, self.threads))
         except ChuteError:
             raise
-        except Exception as exc:
-            raise ModelError(f"model {model.name!r} ({spec.kind}) failed to load: {exc!r}") from exc
+        except (Exception, SystemExit) as exc:
+            raise ModelError(
+                f"model {model.name!r} ({spec.kind}) failed to load: {_named(exc)}"
+            ) from exc
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""
@@ -291,7 +293,8 @@ class ModelStage:
                 batch = slicer(lo, hi) if slicer is not None else None
                 columns = self._predict(view.slice(lo, hi - lo), batch)
                 took = self._timer() - began
-            except Exception as exc:
+            except (Exception, SystemExit) as caught:
+                exc = _as_exception(caught)
                 if slicer is None and not is_out_of_memory(exc):
                     slicer = self._slicer(view)
                 if reports >= 0:
@@ -436,3 +439,18 @@ def _with_threads(threads: int, fn: Callable[[Any], Any], batch: Any) -> Any:
     replica's own, or the one that calls it with a timeout)."""
     torch_threads(threads)
     return fn(batch)
+
+
+def _named(exc: BaseException) -> str:
+    """``Kind: message`` (a repr drops what an OSError says: the file it could not open)."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _as_exception(exc: BaseException) -> Exception:
+    """What a call raised, a ``sys.exit()`` in the model made an error like any other (it
+    must fail the call, never end the run as if it had finished)."""
+    if isinstance(exc, Exception):
+        return exc
+    return RuntimeError(f"the model called sys.exit({getattr(exc, 'code', None)!r})")

@@ -33,7 +33,7 @@ class PreprocessStage:
         try:
             given = to_format(table.select(self.inputs), self.batch_format)
             out = self.fn(given)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in user code: it raised
             raise ModelError(f"preprocess raised {type(exc).__name__}: {exc}") from exc
         for name, array in to_columns(out, None, table.num_rows, "preprocess", given).items():
             if name in self.protected or name == KEY:

@@ -1,0 +1,278 @@
+"""Text inputs keep their values: CSV and JSON Lines carry no types, so every file is
+read with the types of the first (or those declared in ``column_types``), never inferred
+again and cast; a cast between files' types never changes a value; a column a later file
+adds, an empty image file, an unreadable header: each is refused by name, never lost."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import chute
+from chute import DataError
+from chute.config import load_job
+from chute.errors import ConfigError
+from chute.plan import cast_exactly
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ident(batch: pa.Table) -> dict[str, object]:
+    return {"n": np.ones(batch.num_rows, dtype=np.int64)}
+
+
+def _run(source: chute.FileSource, tmp_path: Path, carry: tuple[str, ...] = ("*",)) -> pa.Table:
+    out = tmp_path / "out"
+    chute.Job(
+        source=source,
+        models=(chute.Model("m", ident, inputs=("id",)),),
+        carryover=carry,
+        output=chute.Sink(str(out)),
+        engine="local",
+    ).run()
+    return pq.read_table(out).sort_by("id")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# --------------------------------------------------------------------------- CSV types
+
+
+def test_every_csv_file_is_read_with_the_first_files_types_so_no_value_is_rewritten(
+    tmp_path: Path,
+) -> None:
+    """b.csv alone reads its zip codes as numbers: cast back to text they were '2139' and
+    '501', its prices '1.5' for 1.50. Read with a.csv's types, they are the file's text."""
+    data = tmp_path / "data"
+    _write(data / "a.csv", "id,zip,price\n1,02134,1.50\n2,K1A0B1,x\n")
+    _write(data / "b.csv", "id,zip,price\n3,02139,1.50\n4,00501,2.25\n")
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.column("zip").to_pylist() == ["02134", "K1A0B1", "02139", "00501"]
+    assert got.column("price").to_pylist() == ["1.50", "x", "1.50", "2.25"]
+
+
+def test_a_later_file_whose_values_do_not_fit_the_first_files_types_names_column_types(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    _write(data / "a.csv", "id,zip\n1,02139\n2,00501\n")  # numbers, as Arrow reads them
+    _write(data / "b.csv", "id,zip\n3,K1A0B1\n")
+    with pytest.raises(DataError, match=r"b\.csv.*a\.csv.*K1A0B1.*column_types"):
+        _run(chute.FileSource(str(data)), tmp_path)
+    declared = chute.FileSource(str(data), column_types={"zip": "string"})
+    got = _run(declared, tmp_path / "declared")
+    assert got.column("zip").to_pylist() == ["02139", "00501", "K1A0B1"]
+
+
+def test_column_types_from_a_job_file_and_their_mistakes(tmp_path: Path) -> None:
+    _write(tmp_path / "data" / "a.csv", "id,zip\n1,02139\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "input: {path: data, column_types: {zip: string}}\n"
+        "models: [{name: m, fn: 'tests.test_input_types:ident', inputs: [id]}]\n"
+        "carryover: [zip]\noutput: out\nengine: local\n"
+    )
+    report = load_job(str(job)).run()
+    assert report.rows_out == 1
+    assert pq.read_table(tmp_path / "out").column("zip").to_pylist() == ["02139"]
+    with pytest.raises(ConfigError, match=r"'tiny' .*not an Arrow type name"):
+        chute.FileSource(str(tmp_path / "data"), column_types={"zip": "tiny"})
+    with pytest.raises(ConfigError, match=r"column_types names \['zipp'\].*Check the names"):
+        chute.FileSource(str(tmp_path / "data"), column_types={"zipp": "string"}).schema()
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "p.parquet")
+    with pytest.raises(ConfigError, match="column_types: an option of CSV and JSON Lines"):
+        chute.sources.file_source(str(tmp_path / "p.parquet"), column_types={"id": "int8"}).schema()
+
+
+def test_a_column_the_first_file_leaves_empty_takes_its_type_from_a_later_file(
+    tmp_path: Path,
+) -> None:
+    """Arrow types an all-empty column null: a later file's text could not be read into
+    it, and was refused as a column 'not in' that file."""
+    data = tmp_path / "data"
+    _write(data / "a.csv", "id,note\n1,\n2,\n")
+    _write(data / "b.csv", "id,note\n3,hello\n4,\n")
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.schema.field("note").type == pa.string()
+    assert got.column("note").to_pylist() == ["", "", "hello", ""]
+
+
+def test_json_lines_files_keep_text_that_looks_like_a_time(tmp_path: Path) -> None:
+    """b.jsonl alone reads its times as timestamps: cast to text they lost their 'T'."""
+    data = tmp_path / "data"
+    _write(data / "a.jsonl", '{"id": 1, "t": "soon"}\n')
+    _write(data / "b.jsonl", '{"id": 2, "t": "2024-01-05T10:00:00"}\n')
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.column("t").to_pylist() == ["soon", "2024-01-05T10:00:00"]
+
+
+# --------------------------------------------------------------------------- exact casts
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        (pa.array([1, 2], pa.int32()), pa.int64()),
+        (pa.array([1.5, float("nan"), None], pa.float32()), pa.float64()),
+        (pa.array(["a", None], pa.large_string()), pa.string()),
+        (pa.array(["a", "b", "a"]).dictionary_encode(), pa.string()),
+        (pa.array([1_000, 2_000], pa.timestamp("ms")), pa.timestamp("us")),
+        (pa.nulls(3), pa.string()),
+    ],
+)
+def test_a_cast_that_keeps_every_value_is_made(values: pa.Array, want: pa.DataType) -> None:
+    column = pa.chunked_array([values])
+    cast = cast_exactly(column, want)
+    assert cast.type == want and len(cast) == len(column)
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        (pa.array([2139, 501]), pa.string()),  # text is never made from numbers
+        (pa.array(["0012"]), pa.int64()),  # nor numbers from text
+        (pa.array([86_399], pa.timestamp("s")), pa.date32()),  # 23:59:59 is not midnight
+        (pa.array([2**53 + 1]), pa.float64()),
+        (pa.array([0.1]), pa.float32()),
+    ],
+)
+def test_a_cast_that_would_change_a_value_is_refused(values: pa.Array, want: pa.DataType) -> None:
+    with pytest.raises(pa.ArrowInvalid):
+        cast_exactly(pa.chunked_array([values]), want)
+
+
+def test_parquet_files_whose_types_differ_by_kind_are_schema_drift(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": [1], "zip": ["02134"]}), data / "a.parquet")
+    pq.write_table(pa.table({"id": [2], "zip": [2139]}), data / "b.parquet")
+    with pytest.raises(DataError, match=r"schema drift: column 'zip' is string .* int64"):
+        _run(chute.FileSource(str(data)), tmp_path)
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def test_a_column_only_a_later_file_has_is_refused_when_every_column_is_carried(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    _write(data / "a.jsonl", '{"id": 1}\n')
+    _write(data / "b.jsonl", '{"id": 2, "comment": "keep me"}\n')
+    with pytest.raises(DataError, match=r"'comment' is in .*b.jsonl but not in .*a.jsonl"):
+        _run(chute.FileSource(str(data)), tmp_path)
+    # carrying named columns, the extra one is not asked for: no drift
+    assert _run(chute.FileSource(str(data)), tmp_path / "named", ("id",)).num_rows == 2
+
+
+def test_a_header_that_is_not_utf8_or_names_a_column_twice_is_a_data_error(
+    tmp_path: Path,
+) -> None:
+    latin = tmp_path / "latin" / "a.csv"
+    latin.parent.mkdir()
+    latin.write_bytes("id,pr\u00e9nom\n1,Ann\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"is not UTF-8.*Save the file as UTF-8"):
+        _run(chute.FileSource(str(latin)), tmp_path / "o1")
+    twice = _write(tmp_path / "twice" / "a.csv", "id,x,x\n1,2,3\n")
+    with pytest.raises(DataError, match="names the column\\(s\\) 'x' more than once"):
+        _run(chute.FileSource(str(twice)), tmp_path / "o2")
+
+
+def test_an_empty_file_named_by_a_glob_is_refused_by_name_or_skipped(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _write(data / "a.csv", "id\n1\n")
+    _write(data / "b.csv", "")
+    with pytest.raises(DataError, match=r"b\.csv' is empty \(0 bytes\)"):
+        _run(chute.FileSource(str(data / "*.csv")), tmp_path / "o1")
+    out = tmp_path / "o2"
+    report = chute.Job(
+        source=chute.FileSource(str(data / "*.csv")),
+        models=(chute.Model("m", ident, inputs=("id",)),),
+        output=chute.Sink(str(out)),
+        engine="local",
+        on_bad_input="skip",
+    ).run()
+    assert (report.rows_out, len(report.units_bad)) == (1, 1)
+
+
+def test_limit_over_csv_files_shorter_than_the_limit_reads_them_all(tmp_path: Path) -> None:
+    """Planned as the limit's rows, a 3-row file read as one that changed since planning."""
+    data = tmp_path / "data"
+    for i in range(3):
+        _write(data / f"f{i}.csv", "id\n" + "".join(f"{i * 3 + k}\n" for k in range(3)))
+    job = chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(chute.Model("m", ident, inputs=("id",)),),
+        carryover=("id",),
+        engine="local",
+    )
+    report = job.run(limit=20)
+    assert report.result is not None
+    assert report.result.column("id").to_pylist() == list(range(9))
+    cut = job.run(limit=4)
+    assert cut.result is not None and cut.result.column("id").to_pylist() == [0, 1, 2, 3]
+
+
+# --------------------------------------------------------------------------- images
+
+
+def _png(path: Path, value: int) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 4, 3), value, dtype=np.uint8)).save(buffer, format="PNG")
+    path.write_bytes(buffer.getvalue())
+
+
+def test_an_empty_image_in_a_folder_is_a_row_that_fails_not_one_that_vanishes(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("PIL")
+    folder = tmp_path / "img"
+    folder.mkdir()
+    for i in range(3):
+        _png(folder / f"img{i}.png", i)
+    (folder / "img3.png").write_bytes(b"")
+    job = chute.Job(
+        source=chute.ImageSource(str(folder)),
+        models=(chute.Model("m", ident, inputs=("path",)),),
+        carryover=("path",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+        on_bad_input="skip",
+    )
+    report = job.run()
+    assert (report.rows_in, report.rows_out, report.rows_failed) == (4, 3, 1)
+
+
+def test_the_image_shape_comes_from_the_first_file_that_decodes(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    folder = tmp_path / "img"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"not a png")
+    _png(folder / "b.png", 7)
+    source = chute.ImageSource(str(folder))
+    assert source.tensor_shape == (4, 4, 3)
+
+
+# --------------------------------------------------------------------------- OpenAI Batch
+
+
+def test_an_openai_batch_file_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    from chute.sources.openai_batch import read_requests
+
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {}}
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(line).encode() + b"\n")
+    ((custom_id, url, _, number),) = read_requests(str(path))
+    assert (custom_id, url, number) == ("r1", "/v1/chat/completions", 1)

@@ -1,0 +1,193 @@
+"""Nothing a user keeps is deleted or read back by mistake: an output and its input never
+overlap, a run (``--overwrite`` included) deletes only what chute wrote, paths typed on
+the command line are the shell's, and a ``sys.exit()`` in user code fails the run instead
+of ending it with exit 0 and rows missing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import chute
+from chute.cli import main
+from chute.engines.growth import growth_for, shared_object
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = """
+import sys
+
+
+def double(batch):
+    return {"y": batch.column("x").to_numpy() * 2}
+
+
+def leaves(batch):
+    if batch.column("id")[0].as_py() >= 20:
+        sys.exit(0)
+    return {"y": batch.column("x")}
+
+
+class ExitsAsItLoads:
+    def __init__(self):
+        raise SystemExit(0)
+
+    def __call__(self, batch):
+        return {"y": batch.column("x")}
+"""
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, " ".join(result.output.split())
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """data/ (3 files of 10 rows), model.py, and job.yaml whose output the test sets."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        ids = np.arange(i * 10, (i + 1) * 10)
+        pq.write_table(pa.table({"id": ids, "x": ids * 1.5}), data / f"f{i}.parquet")
+    (tmp_path / "model.py").write_text(MODEL)
+    return tmp_path
+
+
+def job(project: Path, output: str, fn: str = "double", name: str = "job.yaml") -> Path:
+    path = project / name
+    path.write_text(
+        f"input: data/\noutput: {output}\nengine: local\ncarryover: [id]\n"
+        f"models: [{{name: m, fn: 'model.py:{fn}', inputs: [id, x], batch_size: 10}}]\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [
+        (".", "the input file .* is inside the output"),  # --overwrite emptied the project
+        ("data/out", "the output .* is inside the input folder"),  # the next run read it
+    ],
+)
+def test_an_output_that_overlaps_its_input_is_refused_before_anything_is_written(
+    project: Path, command: str, output: str, why: str
+) -> None:
+    spec = job(project, output)
+    before = files(project)
+    quiet = ["-q"] if command == "run" else []
+    code, out = invoke(command, str(spec), *quiet, "--overwrite")
+    assert code == 2, out
+    assert re.search(why, out), out
+    assert files(project) == before
+
+
+def test_an_output_beside_the_input_or_hidden_inside_it_is_fine(project: Path) -> None:
+    assert invoke("run", str(job(project, "data/_out")), "-q")[0] == 0
+    assert invoke("run", str(job(project, "data/_out")), "-q")[0] == 0  # resumes: not read
+    assert pq.read_table(project / "data" / "_out").num_rows == 30
+
+
+def test_overwrite_deletes_only_what_chute_wrote(project: Path) -> None:
+    spec = job(project, "out")
+    assert invoke("run", str(spec), "-q")[0] == 0
+    (project / "out" / "notes.txt").write_text("mine")
+    before = files(project / "out")
+    code, out = invoke("run", str(spec), "-q", "--overwrite")
+    assert code == 5, out
+    assert "holds files that chute did not write beside the results of a chute job" in out
+    assert "'notes.txt'" in out
+    assert files(project / "out") == before  # the earlier results too
+
+
+def test_a_claimed_output_that_committed_nothing_keeps_files_added_since(project: Path) -> None:
+    """A run stopped before its first commit leaves job.json: the next job used to wipe
+    the folder as its own, files added since included."""
+    spec = job(project, "out")
+    assert invoke("run", str(spec), "-q")[0] == 0
+    for part in (project / "out").glob("part-*"):
+        part.unlink()
+    (project / "out" / "_chute" / "ledger.jsonl").unlink()
+    (project / "out" / "keep").mkdir()
+    (project / "out" / "keep" / "notes.txt").write_text("mine")
+    other = job(project, "out", name="other.yaml")
+    other.write_text(other.read_text().replace("batch_size: 10", "batch_size: 5"))
+    for args in (["validate"], ["run", "-q"]):
+        code, out = invoke(args[0], str(other), *args[1:])
+        assert code == 5 and "'keep'" in out, out
+    assert (project / "out" / "keep" / "notes.txt").read_text() == "mine"
+
+
+def test_paths_typed_on_the_command_line_are_from_the_current_directory(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = project / "jobs"
+    jobs.mkdir()
+    spec = jobs / "job.yaml"
+    spec.write_text(
+        "input: ../data/\noutput: out\nengine: local\n"
+        "models: [{name: m, fn: '../model.py:double', inputs: [x]}]\n"
+    )
+    monkeypatch.chdir(project)
+    code, out = invoke("run", str(spec), "-q", "--output", "results", "--input", "data")
+    assert code == 0, out
+    assert pq.read_table(project / "results").num_rows == 30
+    assert not (jobs / "out").exists() and not (jobs / "results").exists()
+
+
+def test_a_home_relative_output_is_the_home_folder(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(project / "home"))
+    code, out = invoke("run", str(job(project, "~/out")), "-q")
+    assert code == 0, out
+    assert (project / "home" / "out" / "_SUCCESS").exists() and not (project / "~").exists()
+
+
+@pytest.mark.parametrize("fn", ["leaves", "ExitsAsItLoads"])
+def test_a_model_that_calls_sys_exit_fails_the_run(project: Path, fn: str) -> None:
+    """It ended the run with exit 0, a third of the rows missing and no word said."""
+    code, out = invoke("run", str(job(project, "out", fn)), "-q")
+    assert code == 4, out
+    assert "sys.exit(0)" in out
+    assert not (project / "out" / "_SUCCESS").exists()
+
+
+def test_sys_exit_as_a_model_file_imports_is_a_model_error(project: Path) -> None:
+    (project / "model.py").write_text("import sys\nsys.exit(3)\n" + MODEL)
+    code, out = invoke("run", str(job(project, "out")), "-q")
+    assert code == 4, out
+    assert "raised SystemExit: 3" in out
+
+
+class Staged:
+    """A model object that keeps a staging buffer between calls (as an ONNX I/O binding
+    does): two threads calling it at once would mix their batches."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros(0)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.buffer = batch["x"].copy()
+        return {"y": self.buffer * 2}
+
+
+def test_a_model_object_the_job_holds_keeps_one_local_replica() -> None:
+    """Every local replica would call the one object the job holds; a class or a
+    function still grows its pool."""
+    assert shared_object(chute.Model("m", Staged()))
+    assert not growth_for(chute.Model("m", Staged()), 1, 2).grows
+    assert growth_for(chute.Model("m", Staged), 1, 2).grows
+    assert not shared_object(chute.Model("m", len))
+    assert shared_object(chute.Model("m", Staged().__call__))  # its object's method
