@@ -276,3 +276,21 @@ def test_an_openai_batch_file_may_start_with_a_byte_order_mark(tmp_path: Path) -
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(line).encode() + b"\n")
     ((custom_id, url, _, number),) = read_requests(str(path))
     assert (custom_id, url, number) == ("r1", "/v1/chat/completions", 1)
+
+
+def test_records_longer_than_arrows_blocks_and_quoted_line_breaks_are_read(
+    tmp_path: Path,
+) -> None:
+    """Arrow parses in blocks of 1 MiB: a JSON line longer than one failed ("straddles two
+    block boundaries"), and a CSV of over 1 MiB whose quoted fields hold line breaks was
+    cut at a block boundary: 40,000 rows read, one of them in two pieces, in silence."""
+    long = tmp_path / "long" / "a.jsonl"
+    _write(long, json.dumps({"id": 0, "text": "x" * 1_500_000}) + "\n" + '{"id": 1, "text": "y"}\n')
+    got = _run(chute.FileSource(str(long)), tmp_path / "o1")
+    assert [len(t) for t in got.column("text").to_pylist()] == [1_500_000, 1]
+    rows = [f'{i},"line one of {i}\nline two, with a comma"\n' for i in range(40_000)]
+    quoted = _write(tmp_path / "quoted" / "a.csv", "id,text\n" + "".join(rows))
+    assert quoted.stat().st_size > 1 << 20
+    got = _run(chute.FileSource(str(quoted)), tmp_path / "o2")
+    assert got.column("id").to_pylist() == list(range(40_000))
+    assert got.column("text")[39_999].as_py() == "line one of 39999\nline two, with a comma"

@@ -191,3 +191,25 @@ def test_a_model_object_the_job_holds_keeps_one_local_replica() -> None:
     assert growth_for(chute.Model("m", Staged), 1, 2).grows
     assert not shared_object(chute.Model("m", len))
     assert shared_object(chute.Model("m", Staged().__call__))  # its object's method
+
+
+def test_an_output_under_a_file_and_a_job_file_not_utf8_are_configuration_errors(
+    project: Path,
+) -> None:
+    """Both were tracebacks with exit 1 (the first after validate said ok)."""
+    (project / "f").write_text("a file")
+    for args in (["validate"], ["run", "-q"]):
+        code, out = invoke(args[0], str(job(project, "f/out")), *args[1:])
+        assert code == 2 and "is a file, not a folder" in out, out
+    latin = project / "latin.yaml"
+    latin.write_bytes("# caf\u00e9\ninput: data/\n".encode("latin-1"))
+    code, out = invoke("validate", str(latin))
+    assert code == 2 and "is not UTF-8 text" in out, out
+
+
+def test_a_job_for_the_local_engine_is_checked_here_whatever_ray_address_says(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "10.255.255.1:6379")
+    code, out = invoke("validate", str(job(project, "out", "doubel")))
+    assert code == 2 and "doubel" in out and "the cluster may have it" not in out, out

@@ -64,8 +64,9 @@ def check_job(
 
 
 def remote(job: JobSpec) -> bool:
-    """Whether the job runs on a cluster at an address (not on this machine)."""
-    return bool(job.address or os.environ.get("RAY_ADDRESS"))
+    """Whether the job runs on a cluster at an address (not on this machine): a job that
+    asks for the local engine never does, whatever ``RAY_ADDRESS`` says."""
+    return job.engine != "local" and bool(job.address or os.environ.get("RAY_ADDRESS"))
 
 
 def check_code(job: JobSpec, remote: bool = False) -> str:

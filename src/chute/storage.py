@@ -386,6 +386,11 @@ def check_writable(directory: str) -> None:
     existing = directory
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)
+    if existing != directory and not os.path.isdir(existing):
+        raise ConfigError(
+            f"cannot make the output {directory!r}: {existing!r} is a file, not a folder. "
+            "Choose another output location."
+        )
     if not os.path.isdir(existing) or os.access(existing, os.W_OK | os.X_OK):
         return
     code = errno.EROFS if os.statvfs(existing).f_flag & os.ST_RDONLY else errno.EACCES

@@ -17,6 +17,11 @@ def read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"job file {path!r} does not exist.") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_problem(path, exc)) from exc
+    except UnicodeDecodeError as exc:
+        message = f"job file {path!r} is not UTF-8 text ({exc}): save it as UTF-8."
+        raise ConfigError(message) from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"job file {path!r} is a directory: name the YAML file.") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"job file {path!r} must be a mapping with input, models and output.")
     return raw

@@ -223,6 +223,9 @@ def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
 
+WHOLE_BLOCK_MAX = 1 << 30
+"""The largest block a CSV / JSON Lines file is parsed in when its records outgrow Arrow's
+1 MiB blocks (a block is parsed on one thread, and Arrow caps a block under 2 GiB)."""
 LOOKAHEAD_FILES = 8
 """Further files read while planning for the type of a column the first file leaves empty."""
 
@@ -636,20 +639,13 @@ class FileSource:
         read with the planned column types (:attr:`column_types` alone while planning)."""
         types = self._types()
         try:
-            with self._open_unit(path, listed) as handle:
-                if self.format == "csv":
-                    opts = pacsv.ConvertOptions(
-                        include_columns=list(columns) if columns else None,
-                        include_missing_columns=True,
-                        column_types=types,
-                    )
-                    table = pacsv.read_csv(handle, convert_options=opts)
-                else:
-                    parse = pajson.ParseOptions(
-                        explicit_schema=pa.schema(types) if types else None,
-                        unexpected_field_behavior="infer",
-                    )
-                    table = pajson.read_json(io.BytesIO(handle.read()), parse_options=parse)
+            try:
+                table = self._parse(path, columns, listed, types, whole=False)
+            except pa.ArrowInvalid:
+                # Arrow parses in blocks of 1 MiB: a record longer than a block fails so
+                # ("straddles two block boundaries"). Parsed again as one block; what
+                # fails again is the file's own fault.
+                table = self._parse(path, columns, listed, types, whole=True)
         except pa.ArrowInvalid as exc:
             if not types:
                 raise
@@ -658,6 +654,41 @@ class FileSource:
         if columns is None:
             return table
         return table.select([c for c in columns if c in table.column_names])
+
+    def _parse(
+        self,
+        path: str,
+        columns: Sequence[str] | None,
+        listed: int | None,
+        types: dict[str, pa.DataType],
+        whole: bool,
+    ) -> pa.Table:
+        with self._open_unit(path, listed) as handle:
+            block = min(max(handle.size(), 1 << 20), WHOLE_BLOCK_MAX) if whole else None
+            if self.format == "csv":
+                convert = pacsv.ConvertOptions(
+                    include_columns=list(columns) if columns else None,
+                    include_missing_columns=True,
+                    column_types=types,
+                )
+                return pacsv.read_csv(
+                    handle,
+                    read_options=pacsv.ReadOptions(block_size=block) if block else None,
+                    # Always: without it Arrow's parallel parse cuts a quoted field that
+                    # holds a line break at a block boundary, and may do so in silence (a
+                    # 40,000-row file read back 40,000 rows, one of them cut in two)
+                    parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                    convert_options=convert,
+                )
+            parse = pajson.ParseOptions(
+                explicit_schema=pa.schema(types) if types else None,
+                unexpected_field_behavior="infer",
+            )
+            return pajson.read_json(
+                io.BytesIO(handle.read()),
+                read_options=pajson.ReadOptions(block_size=block) if block else None,
+                parse_options=parse,
+            )
 
     def _types(self) -> dict[str, pa.DataType]:
         """The type each column is read with: the planned ones, then the declared ones."""
