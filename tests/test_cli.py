@@ -174,6 +174,8 @@ BAD_JOBS = [
     pytest.param("carryover: [trip]\n", "Did you mean 'trip_id'?", 2, id="missing-carryover"),
     pytest.param("input: nowhere/\n", "does not exist", 3, id="missing-input"),
     pytest.param("models: [\n", "not valid YAML at line", 2, id="yaml-syntax"),
+    # the last output: won in silence, and the results went elsewhere
+    pytest.param("output: elsewhere\n", "the key 'output' is given twice", 2, id="key-twice"),
 ]
 
 

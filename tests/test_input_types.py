@@ -18,7 +18,7 @@ import chute
 from chute import DataError
 from chute.config import load_job
 from chute.errors import ConfigError
-from chute.plan import cast_exactly
+from chute.stages import cast_exactly
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -294,3 +294,27 @@ def test_records_longer_than_arrows_blocks_and_quoted_line_breaks_are_read(
     got = _run(chute.FileSource(str(quoted)), tmp_path / "o2")
     assert got.column("id").to_pylist() == list(range(40_000))
     assert got.column("text")[39_999].as_py() == "line one of 39999\nline two, with a comma"
+
+
+@pytest.mark.parametrize(("name", "codec"), [("a.csv.gz", "gzip"), ("a.jsonl.zst", "zstd")])
+def test_compressed_text_files_are_read_through_their_codec(
+    tmp_path: Path, name: str, codec: str
+) -> None:
+    """A .csv.gz was "of no known format"; told it was CSV, its bytes were parsed as text."""
+    text = (
+        "id,zip\n1,02139\n2,00501\n"
+        if name.startswith("a.csv")
+        else '{"id": 1, "zip": "02139"}\n{"id": 2, "zip": "00501"}\n'
+    )
+    path = tmp_path / "data" / name
+    path.parent.mkdir()
+    with pa.CompressedOutputStream(str(path), codec) as out:
+        out.write(text.encode())
+    source = chute.FileSource(str(path.parent), column_types={"zip": "string"})
+    got = _run(source, tmp_path)
+    assert got.column("zip").to_pylist() == ["02139", "00501"]
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "p.parquet")
+    with pa.CompressedOutputStream(str(tmp_path / "p.parquet.gz"), "gzip") as out:
+        out.write((tmp_path / "p.parquet").read_bytes())
+    with pytest.raises(DataError, match=r"compressed Parquet file.*Decompress it"):
+        chute.FileSource(str(tmp_path / "p.parquet.gz")).schema()

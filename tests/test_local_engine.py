@@ -13,7 +13,7 @@ import pytest
 
 import chute
 import chute.engines.local as local
-from chute.engines.channels import Channel, Rebatcher
+from chute.engines.channels import Channel, Rebatcher, Stopped
 from chute.engines.resources import local_writers
 from chute.ledger import Ledger
 from chute.stages import KEY, decode, tag
@@ -101,15 +101,54 @@ def test_a_batch_of_several_units_tails_goes_on_unit_by_unit() -> None:
     stayed until the input ended: later commits, and memory that grew with the input)."""
     channel = Channel(4, 1, threading.Event())
     rebatcher = Rebatcher(channel, 100)
-    mixed = pa.concat_tables([_slices(0, 50, 10)[-1], _slices(1, 10, 10)[0], _slices(2, 30, 20)[0]])
+    unit0 = _slices(0, 50, 10)
+    channel.put(pa.concat_tables(unit0[:-1]))  # its first rows, in a batch of their own
+    mixed = pa.concat_tables([unit0[-1], _slices(1, 10, 10)[0], _slices(2, 30, 20)[0]])
     channel.put(mixed)
     first = rebatcher.take()
-    assert first is not None and _units(first) == [0, 1] and first.num_rows == 20
+    assert first is not None and _units(first) == [0, 1] and first.num_rows == 60
     channel.put(_slices(2, 30, 20)[1])
     second = rebatcher.take()
     assert second is not None and _units(second) == [2] and second.num_rows == 30
     channel.close()
     assert rebatcher.take() is None
+
+
+def test_once_the_run_is_stopping_no_more_work_is_taken_even_work_that_waits() -> None:
+    """After an error, replicas went on taking batches already in their channel or in the
+    rebatcher's buffer (four model calls begun after the error, in one case), and the run
+    raised only when they were done."""
+    stop = threading.Event()
+    channel = Channel(8, 1, stop)
+    rebatcher = Rebatcher(channel, 100)
+    for table in _slices(0, 1_000, 250):
+        channel.put(table)
+    assert rebatcher.take() is not None  # buffers the rest of what it read
+    stop.set()
+    with pytest.raises(Stopped):
+        rebatcher.take()
+    with pytest.raises(Stopped):
+        channel.get()
+    assert channel.poll() is not None  # the driver still drains what finished
+
+
+@pytest.mark.timeout(10)
+def test_a_unit_whose_rows_arrive_out_of_order_goes_on_once_they_all_have() -> None:
+    """Two replicas of an earlier model finish out of order: unit 0's last slice came
+    second. Taken as finished then, its two earlier slices, arriving after, waited for
+    the end of the input (a late commit, and rows held in memory all along)."""
+    channel = Channel(8, 1, threading.Event())
+    rebatcher = Rebatcher(channel, 1_000)
+    first, second, third, last = _slices(0, 1_000, 250)
+    for table in (second, last, first):
+        channel.put(table)
+    channel.put(_slices(1, 2_000, 500)[0])  # more input: the channel is not drained
+    channel.put(third)
+    batch = rebatcher.take()
+    assert batch is not None and _units(batch) == [0] and batch.num_rows == 1_000
+    channel.close()
+    rest = rebatcher.take()
+    assert rest is not None and _units(rest) == [1] and rest.num_rows == 500
 
 
 @pytest.mark.timeout(120)

@@ -377,9 +377,9 @@ def test_the_report_tells_what_happened_to_the_machines(tmp_path: Path) -> None:
     report = _job(data, out).run()
     assert report.events == []  # nothing computed twice either
     assert json.loads((out / META_DIR / "report.json").read_text())["events"] == []
-    assert "cluster" not in dict(report.rows())
+    assert "events" not in dict(report.rows())
     report.events = ["lost node 127.0.0.3 (1 CPU) at 0:42", "Ray's own messages: /tmp/r.log"]
-    assert [v for k, v in report.rows() if k == "cluster"] == report.events
+    assert [v for k, v in report.rows() if k == "events"] == report.events
     page = render(report.to_dict())
     assert "lost node 127.0.0.3 (1 CPU) at 0:42" in page and "/tmp/r.log" in page
 

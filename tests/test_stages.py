@@ -546,3 +546,45 @@ def test_a_call_of_all_nulls_takes_the_type_of_the_others(batch_size: int) -> No
     out = ModelStage(model, ["x"])(tag(pa.table({"x": np.arange(10)}), 0, 0, 10))
     assert out.column("m_label").type == pa.int64()
     assert out.column("m_label").to_pylist() == [None] * 5 + [5, 6, 7, 8, 9]
+
+
+# --------------------------------------------------------------------------- one output type
+
+
+def _run_batches(fn: Any, table: pa.Table, batch_format: str = "numpy") -> pa.Table:
+    import chute
+
+    job = chute.Job(
+        source=chute.TableSource(table, unit_rows=8),  # one unit: its batches in order
+        models=(Model("m", fn, batch_format=batch_format, batch_size=4),),  # type: ignore[arg-type]
+        carryover=("id",),
+        engine="local",
+    )
+    report = job.run()
+    assert report.result is not None
+    return report.result
+
+
+def test_an_output_column_whose_type_changes_between_batches_is_an_error_naming_it() -> None:
+    """NumPy makes an integer column with a null float64 in that batch only: the first
+    batch's int64 and a later batch's float64 went to one file (a ValueError about the
+    file's schema) or to files that disagree (pandas could not read the output back)."""
+    x = pa.array([1, 2, 3, 4, 5, None, 7, 8], pa.int64())
+    table = pa.table({"id": range(8), "x": x})
+    with pytest.raises(ModelError, match=r"returned 'm_y' as double in this batch and as int64"):
+        _run_batches(lambda b: {"y": b["x"] * 2}, table)
+    floats_first = pa.table({"id": range(8), "x": pa.array([None, 2, 3, 4, 5, 6, 7, 8])})
+    got = _run_batches(lambda b: {"y": b["x"] * 2}, floats_first)  # ints fit float64 exactly
+    assert got.schema.field("m_y").type == pa.float64()
+    assert got.sort_by("id").column("m_y").to_pylist()[1:] == [4.0, 6.0, 8.0, 10, 12, 14, 16]
+
+
+def test_output_columns_that_change_between_batches_are_an_error_naming_them() -> None:
+    table = pa.table({"id": range(8), "x": range(8)})
+
+    def extra_later(batch: pa.Table) -> dict[str, Any]:
+        out = {"y": batch.column("x")}
+        return out if batch.column("x")[0].as_py() < 4 else {**out, "z": batch.column("x")}
+
+    with pytest.raises(ModelError, match="the columns m_y, m_z in this batch and m_y in an"):
+        _run_batches(extra_later, table, "pyarrow")

@@ -179,3 +179,57 @@ def test_plan_shows_the_timeout(data: Path, tmp_path: Path) -> None:
     result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["plan", str(job)])
     assert result.exit_code == 0, result.output
     assert "timeout" in result.output and "300 s" in result.output
+
+
+class WedgedDevice:
+    """The first replica's call hangs, and so does loading another (a device that stopped
+    answering)."""
+
+    built = 0
+
+    def __init__(self) -> None:
+        type(self).built += 1
+        if type(self).built > 1:
+            RELEASE.wait(600)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        RELEASE.wait(600)
+        return {"score": batch["id"] * 2.0}
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_that_hangs_as_it_reloads_fails_the_run_instead_of_hanging_it(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reload after a hung call had no deadline: the run hung forever."""
+    monkeypatch.setattr("chute.stages.model.RELOAD_DEADLINE", 1.0)
+    WedgedDevice.built = 0
+    job = _job(data, tmp_path / "out", "local", WedgedDevice, on_error="quarantine")
+    with pytest.raises(chute.ModelError, match="did not load within 1 s either"):
+        job.run()
+    assert WedgedDevice.built == 2
+
+
+class Locked:
+    """An object the job holds, whose calls take a lock: a call that hangs keeps it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.lock:
+            if HANG_ID in batch["id"]:
+                RELEASE.wait(600)
+            return {"score": batch["id"] * 2.0}
+
+
+@pytest.mark.timeout(60)
+def test_an_object_whose_hung_call_holds_it_fails_the_run_instead_of_failing_every_row(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It cannot be loaded afresh: every call after the hung one timed out, and under
+    quarantine the run "succeeded" with every row after it in the errors dataset."""
+    monkeypatch.setattr("chute.stages.model.HUNG_IN_A_ROW", 3)
+    job = _job(data, tmp_path / "out", "local", Locked(), on_error="quarantine")
+    with pytest.raises(chute.ModelError, match=r"timed out on 3 calls in a row.*give the class"):
+        job.run()

@@ -154,7 +154,7 @@ def _output(report: dict[str, Any]) -> str:
         ("throughput", f"{report.get('rows_per_second', 0):,.0f} rows/s"),
     ]
     rows += [("skipped input", f"{b['unit']}: {b['error']}") for b in report.get("units_bad", [])]
-    rows += [("cluster", event) for event in report.get("events", [])]
+    rows += [("events", event) for event in report.get("events", [])]
     rows += [(f"model {name}", note) for name, note in model_notes(report)]
     return f"<section id='output'><h2>Output</h2>{_pairs(rows)}</section>"
 

@@ -157,7 +157,8 @@ class Report:
     units_redone: list[str] = field(default_factory=list)
     """Units an earlier run committed whose files were missing or changed: recomputed."""
     events: list[str] = field(default_factory=list)
-    """What happened to the machines: nodes lost, where the engine's own messages went."""
+    """What happened to the machines and replicas: nodes lost, a replica added for speed
+    that could not load, where the engine's own messages went."""
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Metric values by model (``dataset`` for input-only metrics), then by metric name."""
     plots: list[dict[str, Any]] = field(default_factory=list)
@@ -262,7 +263,7 @@ class Report:
                     f"files ({shown})",
                 )
             )
-        rows += [("cluster", event) for event in self.events]
+        rows += [("events", event) for event in self.events]
         if self.rows_failed:
             rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)"))
         if self.totals and len(self.runs) > 1:

@@ -9,10 +9,26 @@ import yaml
 from chute.errors import ConfigError
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the last one won in
+    silence: a second ``output:`` sent the results elsewhere)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=_UniqueKeys)  # a SafeLoader: no object tags
     except FileNotFoundError as exc:
         raise ConfigError(f"job file {path!r} does not exist.") from exc
     except yaml.YAMLError as exc:

@@ -11,7 +11,7 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 
-from chute.stages import KEY, ROW_BITS, decode
+from chute.stages import KEY, decode
 
 
 class Stopped(Exception):
@@ -44,6 +44,7 @@ class Channel:
         :class:`Idle` if ``timeout`` seconds pass without either."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self.check()  # stopping: no more work is taken, even where some is waiting
             while not self._items and self._open > 0:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise Idle
@@ -54,8 +55,14 @@ class Channel:
             self._cond.notify_all()
             return item
 
+    def check(self) -> None:
+        """:class:`Stopped` if the pipeline is shutting down."""
+        if self._stop.is_set():
+            raise Stopped
+
     def poll(self) -> pa.Table | None:
-        """The next item if one is waiting now, else ``None`` at once."""
+        """The next item if one is waiting now, else ``None`` at once (also while
+        stopping: the driver drains what finished)."""
         with self._cond:
             if not self._items:
                 return None
@@ -85,6 +92,11 @@ class Rebatcher:
     only with the tails that are ready at the same moment (in the buffers, or waiting in
     the channel), never held for rows that have not arrived: a unit commits as soon as
     its last rows are through, whatever the batch size.
+
+    A unit is finished once all its rows have arrived (its last row's key gives their
+    number), not when the piece holding its last row does: replicas finish out of order,
+    and a unit taken as finished at its last row would hold its earlier rows, arriving
+    later, until the input ends (its commit late, its rows in memory all along).
     """
 
     def __init__(self, source: Channel, rows: int) -> None:
@@ -92,11 +104,16 @@ class Rebatcher:
         self._rows = rows
         self._units: dict[int, list[pa.Table]] = {}
         self._finished: set[int] = set()
+        self._arrived: dict[int, int] = {}
+        """Rows of each unfinished unit that have arrived so far."""
+        self._total: dict[int, int] = {}
+        """Rows of each unfinished unit whose last row has arrived."""
         self._drained = False
         self._lock = threading.Lock()
 
     def take(self, rows: int | None = None) -> pa.Table | None:
         with self._lock:
+            self._source.check()  # stopping: not another batch, even one already buffered
             self._rows = rows or self._rows
             while True:
                 batch = self._full()
@@ -113,15 +130,19 @@ class Rebatcher:
             return
         if not table.num_rows:
             return
-        keys = table.column(KEY)
-        if _unit_of(keys[0].as_py()) != _unit_of(keys[-1].as_py()):  # joined tails
+        units, rows, last = decode(table.column(KEY).to_numpy())
+        if units[0] != units[-1]:  # joined tails
             for piece in _by_unit(table):
                 self._add(piece)
             return
-        unit = _unit_of(keys[0].as_py())
+        unit = int(units[0])
         self._units.setdefault(unit, []).append(table)
-        if keys[-1].as_py() < 0:  # the unit's last row: nothing more of it will come
+        self._arrived[unit] = self._arrived.get(unit, 0) + table.num_rows
+        if last.any():  # the unit's last row: its number of rows is known
+            self._total[unit] = int(rows[last][-1]) + 1
+        if self._arrived[unit] == self._total.get(unit):  # nothing more of it will come
             self._finished.add(unit)
+            del self._arrived[unit], self._total[unit]
 
     def _add_waiting(self) -> None:
         """Take what the channel already holds, until the ready tails fill a batch."""
@@ -165,10 +186,6 @@ class Rebatcher:
             del self._units[unit]
             self._finished.discard(unit)
         return table.slice(0, rows)
-
-
-def _unit_of(key: int) -> int:
-    return (-key - 1 if key < 0 else key) >> ROW_BITS
 
 
 def _by_unit(table: pa.Table) -> list[pa.Table]:

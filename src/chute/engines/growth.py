@@ -229,6 +229,14 @@ class Growth:
                 self._turns[later].set()
             self.settled = True
 
+    def failed(self, index: int) -> None:
+        """Replica ``index``, grown for speed, could not load: the pool is those before it."""
+        with self._lock:
+            self.started = min(self.started, index)
+            for later in range(index + 1, self.most):
+                self._turns[later].set()
+            self.settled = True
+
     def build_threads(self, index: int) -> int:
         """The threads replica ``index`` is built with, which adapters that fix them when
         they load keep (ONNX Runtime's session, XGBoost, LightGBM): the first replica

@@ -46,6 +46,8 @@ from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
 
 CHANNEL_BATCHES = 4
 """Batches a channel holds before its producers wait."""
+END_WAIT = 5.0
+"""Seconds, in all, that a run stopping on an error waits for its threads."""
 
 
 class LocalEngine:
@@ -54,6 +56,7 @@ class LocalEngine:
     def __init__(self, readers: int | None = None, writers: int | None = None) -> None:
         self.readers = readers or min(4, os.cpu_count() or 2)
         self.writers = writers or local_writers()
+        self._notes: list[str] = []
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> LocalEngine:
@@ -73,11 +76,13 @@ class LocalEngine:
         return stages, "the local engine: replicas are threads in this process"
 
     def events(self) -> list[str]:
-        """Nothing happens to one process's machine that the report should tell."""
-        return []
+        """What the report should tell of the last run: a replica grown for speed that
+        could not load (the run went on without it)."""
+        return list(self._notes)
 
     def execute(self, plan: Plan, commit: Commit) -> dict[str, StageStats]:
         run = _Run(plan, self.readers, self.writers)
+        self._notes = run.notes
         return run.drive(commit)
 
 
@@ -88,6 +93,8 @@ class _Run:
         self.plan = plan
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
+        self.notes: list[str] = []
+        """Events for the report (:meth:`LocalEngine.events`)."""
         self.records: queue.Queue[list[PartRecord] | None] = queue.Queue()
         """Part records for the driver; ``None`` each time a thread ends."""
         self.threads: list[threading.Thread] = []
@@ -196,13 +203,26 @@ class _Run:
             if not growth.wait(mine, self.stop):
                 return
             before = resident_bytes()
-            model = ModelStage(
-                stage.model,
-                stage.inputs,
-                gpu=gpu,
-                threads=growth.build_threads(mine),
-                rows=stage.batch_rows,
-            )
+            try:
+                model = ModelStage(
+                    stage.model,
+                    stage.inputs,
+                    gpu=gpu,
+                    threads=growth.build_threads(mine),
+                    rows=stage.batch_rows,
+                )
+            except Exception as exc:
+                if not (growth.grows and mine > 0):
+                    raise
+                # A replica the user never asked for (the pool grew for speed) that cannot
+                # load, where the first one did (a port, a lock, a device held): the run
+                # goes on with those loaded.
+                growth.failed(mine)
+                self.notes.append(
+                    f"model {stage.model.name!r}: a replica added for speed could not load "
+                    f"({exc}); the run went on with {mine}"
+                )
+                return
             after = resident_bytes()
             added = None if before is None or after is None else max(0, after - before)
             growth.loaded(mine, added, available_bytes() if growth.grows else None, self.stop)
@@ -308,9 +328,12 @@ class _Run:
         return self.stats
 
     def _end_threads(self) -> None:
+        """Stop every thread; wait for them a few seconds in all (one inside a model call
+        cannot be stopped: it ends when the call returns, taking no more work)."""
         self.stop.set()
+        deadline = time.monotonic() + END_WAIT
         for thread in self.threads:
-            thread.join(timeout=5)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _commit_finished(self, commit: Commit) -> None:
         """After a stage failed: commit the parts already written, and write and commit

@@ -223,6 +223,8 @@ def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
 
+COMPRESSED_RATIO = 16
+"""A compressed file's size times this: the block a whole compressed file is parsed in."""
 WHOLE_BLOCK_MAX = 1 << 30
 """The largest block a CSV / JSON Lines file is parsed in when its records outgrow Arrow's
 1 MiB blocks (a block is parsed on one thread, and Arrow caps a block under 2 GiB)."""
@@ -266,7 +268,18 @@ def _check_names(schema: pa.Schema, path: str) -> None:
         )
 
 
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
+"""A CSV or JSON Lines file named with one of these is read through Arrow's codec
+(``trips.csv.gz``); Parquet compresses its pages itself."""
+
+
+def _compression(path: str) -> str | None:
+    return COMPRESSIONS.get(os.path.splitext(path)[1].lower())
+
+
 def _format_of(path: str) -> str | None:
+    if _compression(path):
+        path = os.path.splitext(path)[0]
     return FORMATS.get(os.path.splitext(path)[1].lower())
 
 
@@ -367,7 +380,13 @@ class FileSource:
     def _infer_format(self, files: list[str]) -> str:
         formats = {_format_of(f) for f in files}
         if len(formats) == 1 and None not in formats:
-            return str(formats.pop())
+            found = str(formats.pop())
+            if found == "parquet" and any(_compression(f) for f in files):
+                raise DataError(
+                    f"{redact(files[0])!r} is a compressed Parquet file: Parquet compresses "
+                    "its pages itself, and is read from a plain file. Decompress it."
+                )
+            return found
         raise DataError(
             f"cannot tell the input format of {redact(self.paths[0])!r} from its file names "
             f"({files[0]}). Set the format: parquet, csv or jsonl."
@@ -663,8 +682,11 @@ class FileSource:
         types: dict[str, pa.DataType],
         whole: bool,
     ) -> pa.Table:
-        with self._open_unit(path, listed) as handle:
-            block = min(max(handle.size(), 1 << 20), WHOLE_BLOCK_MAX) if whole else None
+        codec = _compression(path)
+        with self._open_unit(path, listed) as opened:
+            size = opened.size() * (COMPRESSED_RATIO if codec else 1)
+            block = min(max(size, 1 << 20), WHOLE_BLOCK_MAX) if whole else None
+            handle = pa.CompressedInputStream(opened, codec) if codec else opened
             if self.format == "csv":
                 convert = pacsv.ConvertOptions(
                     include_columns=list(columns) if columns else None,

@@ -13,7 +13,7 @@ batch does not depend on the engine.
 
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
-from chute.stages.convert import to_columns, to_format
+from chute.stages.convert import cast_exactly, to_columns, to_format
 from chute.stages.model import TIMEOUT_RETRIES, ModelStage
 from chute.stages.rows import (
     EMPTY,
@@ -52,6 +52,7 @@ __all__ = [
     "PrepareStage",
     "PreprocessStage",
     "StageClock",
+    "cast_exactly",
     "decode",
     "empty_marker",
     "mark_failed",

@@ -107,3 +107,53 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
         return pa.array(arr)
     except (TypeError, ValueError, pa.ArrowException) as exc:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
+    """``column`` as ``want``, where that changes no value: all-null values take any type;
+    otherwise both types must hold the same kind of value (numbers, text, instants...),
+    Arrow's safe cast must accept it (no overflow, no truncation) and casting back must
+    give the values read. Text is never made from numbers (``02139`` read as 2139 would
+    come back as ``"2139"``) and instants never lose their time of day."""
+    got = column.type
+    if pa.types.is_null(got):
+        return pa.chunked_array([pa.nulls(len(column), want)], want)
+    if pa.types.is_dictionary(got):
+        column, got = column.cast(got.value_type), got.value_type
+    plain = want.value_type if pa.types.is_dictionary(want) else want
+    if _kind(got) != _kind(plain):
+        raise pa.ArrowInvalid(f"{got} values are not {plain} values")
+    cast = column.cast(want)
+    if got != plain and not _same_values(cast.cast(plain).cast(got), column):
+        raise pa.ArrowInvalid(f"the cast to {plain} would change values")
+    return cast
+
+
+def _kind(t: pa.DataType) -> str:
+    """What a type's values are, whatever their width or unit."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "text"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "bytes"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "instant"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return "list"
+    return str(t.id)
+
+
+def _same_values(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """Equal values at every row, a null against a null and NaN against NaN included."""
+    import pyarrow.compute as pc
+
+    if (a.null_count or b.null_count) and pc.any(pc.xor(pc.is_null(a), pc.is_null(b))).as_py():
+        return False
+    try:
+        equal = pc.equal(a, b)
+    except pa.ArrowNotImplementedError:  # nested values: Arrow's own comparison
+        return bool(a.equals(b))
+    if pa.types.is_floating(a.type):
+        equal = pc.or_kleene(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return bool(pc.all(pc.fill_null(equal, True)).as_py())

@@ -26,7 +26,7 @@ from chute.models.base import PREPARED, ROW, torch_threads
 from chute.oom import is_out_of_memory
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
-from chute.stages.convert import to_columns, to_format
+from chute.stages.convert import cast_exactly, to_columns, to_format
 from chute.stages.rows import (
     KEY,
     decode,
@@ -97,7 +97,14 @@ class ModelStage:
         a stage that referred to itself would free a big model only at the next collection)."""
         self._loads, self._load_seconds = 0, 0.0
         """Model loads not yet reported (:meth:`take_batching`), and their seconds."""
+        began = time.perf_counter()
         self._fn = self._reload()
+        self._first_load = time.perf_counter() - began
+        self._hung = 0
+        """Calls in a row that timed out."""
+        self._names: list[str] | None = None
+        self._types: dict[str, pa.DataType] = {}
+        """Each output column's type, from the first batch with values (:meth:`_typed`)."""
         self._caller = self._new_caller()
 
     def _new_caller(self) -> Caller | None:
@@ -211,7 +218,47 @@ class ModelStage:
         if batch is None:
             batch = to_format(self._model_view(view), self.batch_format)
         out = self._call(batch)
-        return to_columns(out, self.name, view.num_rows, f"model {self.name!r}", batch)
+        columns = to_columns(out, self.name, view.num_rows, f"model {self.name!r}", batch)
+        return self._typed(columns)
+
+    def _typed(self, columns: dict[str, pa.Array]) -> dict[str, pa.Array]:
+        """Each output column as the type it had in this replica's first batch that had
+        values: NumPy and pandas make an integer column with a null ``float64`` in that
+        batch only, and the files of one output would then disagree (or one file could not
+        take the batch). A batch whose values that type cannot hold exactly is an error
+        that says what to return instead; all-null values take the type. The columns
+        themselves must be the same in every batch."""
+        marks = f"{self.name}_{ROW_ERROR}"  # rows it failed: a column of some batches only
+        names = sorted(c for c in columns if c != marks)
+        if self._names is None:
+            self._names = names
+        elif names != self._names:
+            raise ModelError(
+                f"model {self.name!r} returned the columns {', '.join(names)} in this batch "
+                f"and {', '.join(self._names)} in an earlier one: return the same columns "
+                "every time (a value it has none for can be null)."
+            )
+        for name, array in columns.items():
+            if name == marks:
+                continue
+            want = self._types.get(name)
+            if want is None or (pa.types.is_null(want) and not pa.types.is_null(array.type)):
+                self._types[name] = array.type
+                continue
+            if array.type == want:
+                continue
+            try:
+                columns[name] = cast_exactly(pa.chunked_array([array]), want).combine_chunks()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ModelError(
+                    f"model {self.name!r} returned {name!r} as {array.type} in this batch and "
+                    f"as {want} in an earlier one, and these values cannot be {want} ({exc}): "
+                    "the files of one output would disagree. Return one type in every batch "
+                    "(such as .astype('float64')), or give the model pyarrow batches (with "
+                    "numpy or pandas, an integer column with a null arrives as float64 in "
+                    "that batch only)."
+                ) from exc
+        return columns
 
     def _slicer(self, view: pa.Table) -> Callable[[int, int], Any]:
         """Batches of rows ``lo..hi`` of ``view`` for bisection: NumPy batches are cut from
@@ -229,14 +276,43 @@ class ModelStage:
         if self._caller is None or self.timeout is None:
             return fn(batch)
         try:
-            return self._caller.call(fn, batch, self.timeout)
+            out = self._caller.call(fn, batch, self.timeout)
         except BatchTimeout:
             self._caller.close()  # its thread ends if the hung call ever returns
-            self._fn = self._reload()
             self._caller = self._new_caller()
+            self._hung += 1
+            self._replace_hung()
             raise BatchTimeout(
                 f"model {self.name!r} timed out after {self.timeout:g} s (no answer; the "
                 "replica was replaced)"
+            ) from None
+        self._hung = 0
+        return out
+
+    def _replace_hung(self) -> None:
+        """A fresh replica after a call that hung, loaded under a deadline too (a device
+        that stopped answering hangs the load as well: the run fails, naming the model).
+        A function or object the job holds cannot be loaded afresh: the hung call may hold
+        it (a lock), and every call after would time out, so a few in a row fail the run."""
+        assert self._caller is not None and self.timeout is not None
+        if not self._builds():
+            if self._hung >= HUNG_IN_A_ROW:
+                raise ModelError(
+                    f"model {self.name!r} timed out on {self._hung} calls in a row. It is "
+                    "a function or an object the job holds, which chute cannot load afresh "
+                    "when a call hangs (the hung call may still hold it): give the class "
+                    "instead (each replica builds its own), or fix what hangs."
+                )
+            return
+        deadline = max(self.timeout, RELOAD_DEADLINE, 10 * self._first_load)
+        try:
+            self._fn = self._caller.call(lambda _: self._reload(), None, deadline)
+        except BatchTimeout:
+            raise ModelError(
+                f"model {self.name!r} hung on a call (timeout {self.timeout:g} s), and a fresh "
+                f"replica did not load within {deadline:g} s either: the machine (a GPU that "
+                "stopped answering?) or the model is stuck. Check it, then run the job again: "
+                "it resumes."
             ) from None
 
     def _model_view(self, view: pa.Table) -> pa.Table:
@@ -411,6 +487,15 @@ class ModelStage:
         text = repr(shown)
         text = text if len(text) <= 500 else text[:500] + "…"
         return int(unit[0]), int(position[0]), text
+
+
+HUNG_IN_A_ROW = 16
+"""Calls in a row that may time out on a model chute cannot load afresh (a function, an
+object the job holds) before the run fails: more than a quarantine's bisection takes to
+reach a row that hangs (its retries, and a half a level of a batch of thousands)."""
+RELOAD_DEADLINE = 60.0
+"""The least seconds a replica reloaded after a hung call may take (else ten times its first
+load, or the call's timeout, whichever is longest)."""
 
 
 def sizer_for(model: Model, rows: int | None = None, target: Any = None) -> BatchSizer:
