@@ -34,6 +34,14 @@ def leaves(batch):
     return {"y": batch.column("x")}
 
 
+def broken(batch):
+    return {"y": _lookup({})}
+
+
+def _lookup(table):
+    return table["nope"]
+
+
 class ExitsAsItLoads:
     def __init__(self):
         raise SystemExit(0)
@@ -213,3 +221,23 @@ def test_a_job_for_the_local_engine_is_checked_here_whatever_ray_address_says(
     monkeypatch.setenv("RAY_ADDRESS", "10.255.255.1:6379")
     code, out = invoke("validate", str(job(project, "out", "doubel")))
     assert code == 2 and "doubel" in out and "the cluster may have it" not in out, out
+
+
+def test_a_model_file_named_like_a_module_python_has_is_refused(project: Path) -> None:
+    """Imported as 'json', it replaced the json module for everything in the process: a
+    traceback from chute's own code, exit 1."""
+    (project / "json.py").write_text(MODEL)
+    spec = job(project, "out")
+    spec.write_text(spec.read_text().replace("model.py:double", "json.py:double"))
+    code, out = invoke("run", str(spec), "-q")
+    assert code == 2, out
+    assert "named like the module 'json', which Python already has: rename the file" in out
+
+
+def test_a_model_error_says_where_in_the_users_code_it_was_raised(project: Path) -> None:
+    """The message named the exception and the row, never the line: the traceback was
+    only in the error's cause, which the command line does not show."""
+    code, out = invoke("run", str(job(project, "out", "broken")), "-q")
+    assert code == 4, out
+    line = MODEL.splitlines().index('    return table["nope"]') + 1
+    assert f"raised KeyError: 'nope' (at model.py:{line} in _lookup)" in out

@@ -42,9 +42,12 @@ def import_string(target: str) -> Any:
         ) from exc
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r} (from {target!r}): {exc}") from exc
+    except ConfigError:
+        raise
     except (Exception, SystemExit) as exc:  # sys.exit() at import: it raised
         raise ModelError(
             f"importing {module_name!r} (from {target!r}) raised {type(exc).__name__}: {exc}"
+            f"{user_frame(exc)}"
         ) from exc
     try:
         return getattr(module, attr)
@@ -126,10 +129,37 @@ def _import_module(name: str) -> Any:
         return _import_file(os.path.abspath(name))
 
 
+def user_frame(exc: BaseException) -> str:
+    """`` (at model.py:12 in helper)``: the innermost line of the user's own code in the
+    traceback of ``exc`` (not the standard library's, an installed package's or chute's),
+    for an error message; "" when there is none."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _installed(f.filename)]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+
+
+def _python_or_installed(module: Any) -> bool:
+    """Whether ``module`` is Python's own or an installed package's (not the user's code)."""
+    where = getattr(module, "__file__", None)
+    return where is None or _installed(where)  # no file: built into the interpreter
+
+
 def _import_file(path: str) -> Any:
     mod_name = os.path.splitext(os.path.basename(path))[0]
     if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == path:
         return sys.modules[mod_name]
+    taken = mod_name in sys.modules and _python_or_installed(sys.modules[mod_name])
+    if taken or mod_name in sys.stdlib_module_names:
+        # imported under its name, it would replace that module for everything in this
+        # process (chute's own json, a library's tokenize)
+        raise ConfigError(
+            f"the file {path!r} is named like the module {mod_name!r}, which Python already "
+            f"has: rename the file (such as my_{mod_name}.py) and the fn: that names it."
+        )
     directory = os.path.dirname(path)
     if directory not in sys.path:
         sys.path.append(directory)  # for its sibling modules; never ahead of installed ones

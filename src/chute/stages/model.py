@@ -36,7 +36,7 @@ from chute.stages.rows import (
     output_field,
     scatter,
 )
-from chute.usercode import resolve
+from chute.usercode import resolve, user_frame
 
 ROW_ERROR = "_error"
 """The output a model may return to fail rows without raising: a message per row, null for
@@ -467,7 +467,8 @@ class ModelStage:
     def _fatal(self, view: pa.Table, row: int, exc: Exception) -> ModelError:
         unit, position, text = self._row(view, row)
         return ModelError(
-            f"model {self.name!r} raised {type(exc).__name__}: {exc} — on row {position}"
+            f"model {self.name!r} raised {type(exc).__name__}: {exc}{user_frame(exc)} — on "
+            f"row {position}"
             f" of unit {unit}; the row: {text}. Fix the model or the data, or set "
             "on_error: quarantine to write such rows to the errors dataset and go on.",
             unit=unit,

@@ -15,7 +15,7 @@ from chute.models.base import PREPARED
 from chute.stages.clock import StageClock
 from chute.stages.convert import to_columns, to_format
 from chute.stages.rows import KEY
-from chute.usercode import resolve
+from chute.usercode import resolve, user_frame
 
 
 class PreprocessStage:
@@ -34,7 +34,9 @@ class PreprocessStage:
             given = to_format(table.select(self.inputs), self.batch_format)
             out = self.fn(given)
         except (Exception, SystemExit) as exc:  # sys.exit() in user code: it raised
-            raise ModelError(f"preprocess raised {type(exc).__name__}: {exc}") from exc
+            raise ModelError(
+                f"preprocess raised {type(exc).__name__}: {exc}{user_frame(exc)}"
+            ) from exc
         for name, array in to_columns(out, None, table.num_rows, "preprocess", given).items():
             if name in self.protected or name == KEY:
                 raise ConfigError(
