@@ -146,3 +146,28 @@ def test_a_bad_batch_size_names_the_key_and_the_forms(value: Any) -> None:
     text = str(info.value)
     assert text.startswith(f"models[0].batch_size: {value!r} is not a batch size")
     assert "rows (an int" in text and "'8MiB'" in text and "'auto'" in text
+
+
+def test_a_job_file_refuses_a_key_given_twice_and_keeps_yaml_merge_keys(tmp_path: Any) -> None:
+    """The last of two output: keys won in silence; a merge (<<: *common) is YAML's own
+    way to share settings, and its keys may be overridden."""
+    from chute.config.yamlfile import read_yaml
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("output: out\nmodels: []\noutput: elsewhere\n")
+    with pytest.raises(ConfigError, match="line 3, column 1: the key 'output' is given twice"):
+        read_yaml(str(twice))
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        "common: &c {fn: 'm:f', inputs: [x]}\n"
+        "models: [{<<: *c, name: a}, {<<: *c, name: b, inputs: [y]}]\n"
+    )
+    models = read_yaml(str(merged))["models"]
+    assert models == [
+        {"fn": "m:f", "inputs": ["x"], "name": "a"},
+        {"fn": "m:f", "inputs": ["y"], "name": "b"},
+    ]
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(ConfigError, match="a key must be a name"):
+        read_yaml(str(listed))

@@ -407,6 +407,10 @@ def test_a_pandas_model_that_reorders_its_rows_gets_each_answer_on_its_own_row(
     np.testing.assert_array_equal(got["m_twice"].to_numpy(), got["x"].to_numpy() * 2)
 
 
+def columns_seen(batch: Any) -> Any:
+    return {"n": np.full(len(batch), len(batch.columns))}
+
+
 def twice_by_dict(batch: Any) -> Any:
     """A dict of Series, one of them sorted: each value is put back in order by its index."""
     ordered = batch["x"].sort_values(ascending=False)
@@ -429,8 +433,10 @@ def test_a_pandas_batch_never_takes_the_index_pandas_stored_in_the_file(
         batch_format="pandas",
     )
     by_dict = chute.Model("d", twice_by_dict, batch_format="pandas", batch_size=64)
+    width = chute.Model("w", columns_seen, batch_format="pandas")
     source = chute.FileSource(str(tmp_path / "shuffled.parquet"))
-    got = chute.predict(source, (fresh, by_dict), engine=engine)
+    got = chute.predict(source, (width, fresh, by_dict), engine=engine)
+    assert (got["w_n"] == 1).all()  # the stored index is not a column the model sees
     np.testing.assert_array_equal(got["m_twice"].to_numpy(), got["x"].to_numpy() * 2)
     np.testing.assert_array_equal(got["d_twice"].to_numpy(), got["x"].to_numpy() * 2)
 

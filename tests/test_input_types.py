@@ -67,7 +67,10 @@ def test_a_later_file_whose_values_do_not_fit_the_first_files_types_names_column
     data = tmp_path / "data"
     _write(data / "a.csv", "id,zip\n1,02139\n2,00501\n")  # numbers, as Arrow reads them
     _write(data / "b.csv", "id,zip\n3,K1A0B1\n")
-    with pytest.raises(DataError, match=r"b\.csv.*a\.csv.*K1A0B1.*column_types"):
+    with pytest.raises(
+        DataError,
+        match=r"'zip' is int64 in .*a\.csv but string in .*b\.csv.*column_types: \{zip: string\}",
+    ):
         _run(chute.FileSource(str(data)), tmp_path)
     declared = chute.FileSource(str(data), column_types={"zip": "string"})
     got = _run(declared, tmp_path / "declared")
@@ -128,6 +131,7 @@ def test_json_lines_files_keep_text_that_looks_like_a_time(tmp_path: Path) -> No
         (pa.array(["a", "b", "a"]).dictionary_encode(), pa.string()),
         (pa.array([1_000, 2_000], pa.timestamp("ms")), pa.timestamp("us")),
         (pa.nulls(3), pa.string()),
+        (pa.array([b"a", None]), pa.string()),  # Parquet's binary beside string: UTF-8
     ],
 )
 def test_a_cast_that_keeps_every_value_is_made(values: pa.Array, want: pa.DataType) -> None:
@@ -144,6 +148,7 @@ def test_a_cast_that_keeps_every_value_is_made(values: pa.Array, want: pa.DataTy
         (pa.array([86_399], pa.timestamp("s")), pa.date32()),  # 23:59:59 is not midnight
         (pa.array([2**53 + 1]), pa.float64()),
         (pa.array([0.1]), pa.float32()),
+        (pa.array([b"\xff"]), pa.string()),  # not UTF-8
     ],
 )
 def test_a_cast_that_would_change_a_value_is_refused(values: pa.Array, want: pa.DataType) -> None:
@@ -318,3 +323,52 @@ def test_compressed_text_files_are_read_through_their_codec(
         out.write((tmp_path / "p.parquet").read_bytes())
     with pytest.raises(DataError, match=r"compressed Parquet file.*Decompress it"):
         chute.FileSource(str(tmp_path / "p.parquet.gz")).schema()
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl"])
+def test_a_column_a_later_file_lacks_is_drift_not_nulls(tmp_path: Path, ext: str) -> None:
+    """Read with the planned types, a file that lacks a column had it filled with nulls:
+    b's rows were written with no x, and the run succeeded."""
+    data = tmp_path / "data"
+    if ext == "csv":
+        _write(data / "a.csv", "id,x\n1,a\n")
+        _write(data / "b.csv", "id,x_renamed\n2,b\n")
+    else:
+        _write(data / "a.jsonl", '{"id": 1, "x": "a"}\n')
+        _write(data / "b.jsonl", '{"id": 2, "x_renamed": "b"}\n')
+    with pytest.raises(DataError, match=rf"column 'x' is in .*a\.{ext} but not in .*b\.{ext}"):
+        _run(chute.FileSource(str(data)), tmp_path, ("id", "x"))
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl"])
+def test_a_big_integer_is_never_rounded_into_the_first_files_float_column(
+    tmp_path: Path, ext: str
+) -> None:
+    data = tmp_path / "data"
+    if ext == "csv":
+        _write(data / "a.csv", "id,c\n1,1.5\n")
+        _write(data / "b.csv", "id,c\n2,12345678901234567\n")
+    else:
+        _write(data / "a.jsonl", '{"id": 1, "c": 1.5}\n')
+        _write(data / "b.jsonl", '{"id": 2, "c": 12345678901234567}\n')
+    with pytest.raises(DataError, match=r"'c' is double .* but int64 .*without changing values"):
+        _run(chute.FileSource(str(data)), tmp_path)
+
+
+def test_an_output_inside_a_folder_of_images_is_fine(tmp_path: Path) -> None:
+    """Its part files are not images: never read back; the images in it are never the
+    output's to delete."""
+    pytest.importorskip("PIL")
+    folder = tmp_path / "img"
+    folder.mkdir()
+    for i in range(2):
+        _png(folder / f"img{i}.png", i)
+    job = chute.Job(
+        source=chute.ImageSource(str(folder)),
+        models=(chute.Model("m", ident, inputs=("path",)),),
+        carryover=("path",),
+        output=chute.Sink(str(folder / "preds")),
+        engine="local",
+    )
+    assert job.run().rows_out == 2
+    assert job.run().units_done == 0  # a resume: nothing new

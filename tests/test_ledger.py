@@ -53,13 +53,13 @@ def test_open_empty_existing_directory(tmp_path: Path) -> None:
 def test_same_fingerprint_resumes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = _open(out)
-    _touch(out / "part-a.parquet")
-    first.commit([_entry("u1", "part-a.parquet")])
+    _touch(out / "part-000000-0000000000-aaaaaaa1.parquet")
+    first.commit([_entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")])
     created = json.loads((out / META_DIR / "job.json").read_text())["created"]
     again = _open(out)
-    assert again.entries == {"u1": _entry("u1", "part-a.parquet")}
+    assert again.entries == {"u1": _entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")}
     assert json.loads((out / META_DIR / "job.json").read_text())["created"] == created
-    assert (out / "part-a.parquet").exists()
+    assert (out / "part-000000-0000000000-aaaaaaa1.parquet").exists()
 
 
 def _with_a_commit(ledger: Ledger) -> Ledger:
@@ -102,8 +102,8 @@ def test_output_that_is_a_file_is_refused(tmp_path: Path) -> None:
 def test_overwrite_wipes_another_jobs_results(tmp_path: Path) -> None:
     out = tmp_path / "out"
     old = _open(out)
-    _touch(out / "part-a.parquet")
-    old.commit([_entry("u1", "part-a.parquet")])
+    _touch(out / "part-000000-0000000000-aaaaaaa1.parquet")
+    old.commit([_entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")])
     old.finish({"rows_out": 10})
     ledger = _open(out, "fp2", overwrite=True)
     assert ledger.entries == {}
@@ -113,25 +113,37 @@ def test_overwrite_wipes_another_jobs_results(tmp_path: Path) -> None:
 
 def test_overwrite_wipes_what_chute_wrote_and_refuses_what_it_did_not(tmp_path: Path) -> None:
     """--overwrite emptied the folder whole: a job whose output held its input (or the
-    user's notes) deleted them."""
-    for name in ("part-000001-0000000000-ab.parquet", ".part-x.tmp", "_SUCCESS"):
+    user's notes) deleted them. Only chute's own names go; another tool's part files, or
+    a _SUCCESS in a folder chute never claimed, are the user's."""
+    _open(tmp_path)  # claimed: _chute/job.json
+    part = "part-000001-0000000000-abcdef12.parquet"
+    for name in (part, f".{part}.0badcafe.tmp", "_SUCCESS", ".DS_Store"):
         _touch(tmp_path / name)
-    for folder in ("_errors", "day=2024-01-05"):
-        (tmp_path / folder).mkdir()
-        _touch(tmp_path / folder / "part-000000-0000000000-cd.parquet")
+    (tmp_path / "_errors").mkdir()
+    _touch(tmp_path / "_errors" / "part-000000-0000000000-cdcdcdcd.parquet")
     _open(tmp_path, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [META_DIR]
-    _touch(tmp_path / "notes.txt")
-    (tmp_path / "sub").mkdir()
-    _touch(tmp_path / "sub" / "x")
-    with pytest.raises(JobStateError, match=r"did not write.*'notes.txt', 'sub'"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".DS_Store", META_DIR]  # hidden: kept
+    for name in ("notes.txt", "part-00000-1b2c.snappy.parquet", "dt=2024-01-01"):
+        _touch(tmp_path / name)
+    with pytest.raises(
+        JobStateError, match=r"did not write.*'dt=2024-01-01', 'notes.txt', 'part-00000-1b2c"
+    ):
         _open(tmp_path, overwrite=True)
-    assert (tmp_path / "notes.txt").exists() and (tmp_path / "sub" / "x").exists()
+    assert {p.name for p in tmp_path.iterdir()} >= {"notes.txt", "dt=2024-01-01"}
+
+
+def test_a_spark_output_is_not_taken_for_chutes(tmp_path: Path) -> None:
+    """Spark's part-00000-….parquet and _SUCCESS passed for chute's: the folder was taken
+    as empty, and Spark's part deleted as an orphan."""
+    _touch(tmp_path / "part-00000-1b2c3d4e-c000.snappy.parquet")
+    _touch(tmp_path / "_SUCCESS")
+    with pytest.raises(JobStateError, match=r"did not write: '_SUCCESS', 'part-00000"):
+        _open(tmp_path)
 
 
 def test_overwrite_of_the_same_job_starts_over(tmp_path: Path) -> None:
     first = _open(tmp_path)
-    first.commit([_entry("u1", "part-a.parquet")])
+    first.commit([_entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")])
     assert _open(tmp_path, overwrite=True).entries == {}
 
 
@@ -159,14 +171,15 @@ def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
 
 def test_remove_orphans_keeps_committed_parts_only(tmp_path: Path) -> None:
     ledger = _open(tmp_path)
-    for name in ("part-1.parquet", "part-2.parquet", "part-3.parquet", ".part-4.parquet.tmp"):
+    one, two, three, four = (f"part-00000{i}-0000000000-0000000{i}.parquet" for i in range(1, 5))
+    for name in (one, two, three, f".{four}.12345678.tmp"):
         _touch(tmp_path / name)
     _touch(tmp_path / "README.txt")
-    (tmp_path / "part-dir").mkdir()
-    ledger.commit([_entry("u1", "part-1.parquet"), _entry("u2", "part-3.parquet")])
+    _touch(tmp_path / "part-00000-spark.parquet")  # another tool's: never an orphan of chute's
+    ledger.commit([_entry("u1", one), _entry("u2", three)])
     assert ledger.remove_orphans() == 2
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["README.txt", META_DIR, "part-1.parquet", "part-3.parquet", "part-dir"]
+    assert names == sorted(["README.txt", META_DIR, one, three, "part-00000-spark.parquet"])
     assert ledger.remove_orphans() == 0
 
 

@@ -367,12 +367,12 @@ def test_a_lost_claim_stops_commits_and_deletions(tmp_path: Path) -> None:
     lease = _acquire(tmp_path)
     ledger = Ledger.open(str(tmp_path), "fp", {}, False, lease=lease)
     os.remove(lease.path)  # another run judged this one dead and took over
-    (tmp_path / "part-x.parquet").touch()
+    (tmp_path / "part-000000-0000000000-0000000a.parquet").touch()
     with pytest.raises(JobStateError, match="lost its claim"):
         ledger.remove_orphans()
     with pytest.raises(JobStateError, match="lost its claim"):
         ledger.commit([{"unit": "u", "index": 0, "rows": 1, "parts": [], "files": []}])
-    assert (tmp_path / "part-x.parquet").exists()
+    assert (tmp_path / "part-000000-0000000000-0000000a.parquet").exists()
     lease.release()
 
 

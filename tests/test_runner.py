@@ -100,6 +100,33 @@ def test_last_part_arriving_first() -> None:
     assert committer.done == {0}
 
 
+def test_parts_whose_columns_or_types_disagree_stop_the_run() -> None:
+    """Each replica types a model's outputs from its first batch, and on Ray each worker
+    process has its own: int64 parts from one and double parts from another made an
+    output whose files disagree (pandas could not read it back), and the run succeeded."""
+    from dataclasses import replace
+
+    from chute.sinks.records import describe_columns
+
+    def rec(unit: int, **types: pa.DataType) -> PartRecord:
+        return replace(_rec(unit, 0, 5, 5), columns=describe_columns(pa.schema(types.items())))
+
+    committer = Committer(_plan(), None, None)
+    committer.add([rec(0, x=pa.int64(), m_y=pa.null())])  # all null: any type
+    committer.add([rec(1, x=pa.int64(), m_y=pa.int64())])
+    with pytest.raises(chute.ModelError, match=r"'m_y' is int64 .* but double in unit 0's"):
+        Committer(_plan(), None, None).add(
+            [rec(1, x=pa.int64(), m_y=pa.int64()), rec(0, x=pa.int64(), m_y=pa.float64())]
+        )
+    with pytest.raises(chute.ModelError, match="the columns m_y, m_z, x, the parts before"):
+        Committer(_plan(), None, None).add(
+            [
+                rec(1, x=pa.int64(), m_y=pa.int64()),
+                rec(0, x=pa.int64(), m_y=pa.int64(), m_z=pa.int8()),
+            ]
+        )
+
+
 def test_duplicates_after_commit_are_ignored() -> None:
     committer = Committer(_plan(), None, None)
     committer.add([_rec(0, 0, 5, 5)])

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -57,22 +58,35 @@ from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
 from chute.storage import StorageOptions, append, check, is_local, make_dir, put, read, redact
 
-
-def written_by_chute(name: str) -> bool:
-    """Whether an output directory's entry ``name`` is one chute writes: parts (and their
-    temporaries), ``_errors/``, ``_SUCCESS``, ``_chute/``, and ``column=value/`` partition
-    folders. Anything else is the user's: a run never deletes it, ``--overwrite`` included."""
-    return (
-        name.startswith(("part-", ".part-"))
-        or name in (META_DIR, SUCCESS, ERRORS_DIR)
-        or ("=" in name and not name.startswith((".", "=")))
-    )
+PART_NAME = re.compile(r"part-\d{6}-\d{10}-[0-9a-f]{8}\.(?:parquet|csv|jsonl)")
+"""A part file's name as chute makes it (``PartWriter._name``): another tool's ``part-00000-…``
+(Spark's) is not one."""
+TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{8}\.tmp")
+"""A file chute was writing, under a temporary name beside it."""
 
 
-def foreign_files(fs: pafs.FileSystem, root: str) -> list[str]:
-    """The entries of the output directory ``root`` that chute did not write, sorted."""
+def written_by_chute(name: str, claimed: bool) -> bool:
+    """Whether an output directory's entry ``name`` is one chute writes: its part files
+    (and their temporaries), ``_errors/``, ``_chute/``, and ``_SUCCESS`` where chute has
+    claimed the directory (``claimed``: ``_chute/job.json`` is there; else another tool's).
+    Anything else is the user's: a run never deletes it, ``--overwrite`` included, and
+    refuses to write beside it."""
+    if (temporary := TEMPORARY.fullmatch(name)) is not None:
+        name = temporary.group(1)
+    if name == SUCCESS:
+        return claimed
+    return PART_NAME.fullmatch(name) is not None or name in (META_DIR, ERRORS_DIR)
+
+
+def foreign_files(fs: pafs.FileSystem, root: str, claimed: bool) -> list[str]:
+    """The entries of the output directory ``root`` that chute did not write, sorted; a
+    hidden one (``.DS_Store``, ``.git``) is neither chute's nor in the way: left alone."""
     infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    return sorted(i.base_name for i in infos if not written_by_chute(i.base_name))
+    return sorted(
+        i.base_name
+        for i in infos
+        if not written_by_chute(i.base_name, claimed) and not i.base_name.startswith(".")
+    )
 
 
 def foreign_error(where: str, names: list[str], chute_was_here: bool) -> str:
@@ -85,6 +99,12 @@ def foreign_error(where: str, names: list[str], chute_was_here: bool) -> str:
         "never deletes or mixes with them (--overwrite replaces only chute's own results). "
         "Choose an empty or new directory, or move those files away."
     )
+
+
+def _is_part(name: str) -> bool:
+    """A part file chute wrote, or its temporary."""
+    temporary = TEMPORARY.fullmatch(name)
+    return PART_NAME.fullmatch(temporary.group(1) if temporary else name) is not None
 
 
 META_DIR = "_chute"
@@ -209,7 +229,7 @@ class Ledger:
             raise JobStateError(f"output {self.root!r} is a file; give a directory.")
         if info.type == pafs.FileType.Directory:
             owner = self.read_json("job.json")
-            foreign = self._foreign()
+            foreign = self._foreign(owner is not None)
             if foreign:  # never deleted, never mixed with: not even --overwrite wipes them
                 raise JobStateError(foreign_error(redact(self.root), foreign, owner is not None))
             if overwrite or (owner is not None and not self.read_entries()):
@@ -251,14 +271,15 @@ class Ledger:
         for info in self._list(f"{self.meta}/{LEDGER_DIR}"):
             retrying(partial(self._delete, info.path), f"removing {info.path}")
         keep = {f"{self.meta}/{OWNERS_DIR}", f"{self.meta}/job.json", self.meta}
-        for info in self._list(self.meta) + self._list(self.root):
+        mine = [i for i in self._list(self.root) if written_by_chute(i.base_name, True)]
+        for info in self._list(self.meta) + mine:  # never a file chute did not write
             if info.path not in keep:
                 retrying(partial(self._remove, info), f"removing {info.path}")
         self._entries = {}
 
-    def _foreign(self) -> list[str]:
+    def _foreign(self, claimed: bool) -> list[str]:
         """What the location holds that chute did not write (refused, never wiped)."""
-        return foreign_files(self.fs, self.root)
+        return foreign_files(self.fs, self.root, claimed)
 
     def _remove(self, info: pafs.FileInfo) -> None:
         if info.type == pafs.FileType.Directory:
@@ -377,11 +398,7 @@ class Ledger:
 
     def _remove_orphans(self, sizes: dict[str, int | None]) -> int:
         keep = {f"{self.root}/{p}" for p in self.committed_parts()}
-        orphans = [
-            path
-            for path in sizes
-            if path.rpartition("/")[2].startswith(("part-", ".part-")) and path not in keep
-        ]
+        orphans = [path for path in sizes if _is_part(path.rpartition("/")[2]) and path not in keep]
         if orphans:
             self._guard()
         for path in orphans:

@@ -239,14 +239,30 @@ class Reader:
                 try:
                     column = cast_exactly(column, want.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise DataError(
-                        f"schema drift: column {want.name!r} is {want.type} in {self.reference} "
-                        f"but {column.type} in {here}, and cannot be made {want.type} without "
-                        f"changing values ({exc}). Make the files agree, or set on_bad_input: "
-                        "skip to leave such files out."
-                    ) from exc
+                    raise DataError(_drift(want, column.type, self.reference, here, exc)) from exc
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def _drift(
+    want: pa.Field, got: pa.DataType, reference: str | None, here: str, exc: Exception
+) -> str:
+    """Schema drift of one column, with the fixes."""
+    declare = (
+        f"declare its type for every file (CSV and JSON Lines: input: column_types: "
+        f"{{{want.name}: {got if not pa.types.is_null(got) else 'string'}}})"
+    )
+    if pa.types.is_null(want.type):
+        return (
+            f"schema drift: column {want.name!r} has no values in {reference} (nor in the "
+            f"files read after it while planning), so its type is unknown; {here} has "
+            f"{got} values in it. Give it a type: {declare}."
+        )
+    return (
+        f"schema drift: column {want.name!r} is {want.type} in {reference} but {got} in "
+        f"{here}, and cannot be made {want.type} without changing values ({exc}). Make the "
+        f"files agree, or {declare}, or set on_bad_input: skip to leave such files out."
+    )
 
 
 def _changed(unit: Unit, rows: int) -> str:
@@ -279,7 +295,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     if all(u.rows == 0 for u in readable):
         raise DataError("the input dataset has no rows: nothing to predict.")
     if limit is not None:
-        units = _limit(readable, limit, job.source)
+        units = _limit(readable, limit, job.source, job.on_bad_input == "skip")
     stages = [_stage(job, m, schema, readable) for m in job.models]
     plan = Plan(job, units, read_columns, carry, stages, list(units))
     plan.source_columns = list(schema.names)
@@ -426,10 +442,11 @@ def _row_bytes(job: JobSpec, inputs: Sequence[str], schema: pa.Schema, units: li
     return float(width + 8 * (len(inputs) - len(known)))
 
 
-def _limit(units: list[Unit], limit: int, source: Source) -> list[Unit]:
+def _limit(units: list[Unit], limit: int, source: Source, skip: bool) -> list[Unit]:
     """The first ``limit`` rows' units, the last one cut short. A unit whose rows the plan
     does not know (CSV, JSON Lines) is counted by reading it: planned as ``limit`` rows, one
-    that holds fewer would read as an input that changed since planning."""
+    that holds fewer would read as an input that changed since planning. One that cannot
+    be read is the reader's to fail or (``skip``) to leave out."""
     if limit <= 0:
         raise ConfigError(f"--limit must be > 0, got {limit}.")
     chosen: list[Unit] = []
@@ -437,7 +454,13 @@ def _limit(units: list[Unit], limit: int, source: Source) -> list[Unit]:
     for unit in units:
         if left <= 0:
             break
-        rows = unit.rows if unit.rows is not None else source.read(unit, None).num_rows
+        try:
+            rows = unit.rows if unit.rows is not None else source.read(unit, None).num_rows
+        except DataError as exc:
+            if not skip:
+                raise
+            chosen.append(replace(unit, error=str(exc)))
+            continue
         take = min(left, rows)
         chosen.append(replace(unit, rows=take))
         left -= take

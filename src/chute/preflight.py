@@ -130,10 +130,10 @@ def check_output(
             f"output {where!r} is in use by another chute run: {owners[0].describe()}. Wait "
             "for it to finish or stop it, or choose another output location."
         )
-    foreign = foreign_files(fs, root)
+    claimed = Ledger(fs, root).read_json("job.json") is not None
+    foreign = foreign_files(fs, root, claimed)
     if foreign:
-        owner = Ledger(fs, root).read_json("job.json")
-        raise JobStateError(foreign_error(where, foreign, owner is not None))
+        raise JobStateError(foreign_error(where, foreign, claimed))
     if overwrite:
         return f"output {where} will be overwritten"
     return _holds(fs, root, where, fingerprint, description)

@@ -337,7 +337,7 @@ class TableLedger(Ledger):
         infos = [i for f in folders for i in self._list(f"{self.root}/{f}")]
         return {i.path: i.size for i in infos if i.is_file}
 
-    def _foreign(self) -> list[str]:
+    def _foreign(self, claimed: bool) -> list[str]:
         return []  # a table's location holds its own files: chute's are in their folders
 
     def _wipe(self) -> None:

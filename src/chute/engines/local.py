@@ -42,7 +42,7 @@ from chute.plan import Plan, StagePlan
 from chute.report import StageStats, add_counters
 from chute.sinks import PartRecord, PartWriter
 from chute.sources import Unit
-from chute.stages import ModelStage, PrepareStage, PreprocessStage, preparer
+from chute.stages import ModelStage, OutputTypes, PrepareStage, PreprocessStage, preparer
 
 CHANNEL_BATCHES = 4
 """Batches a channel holds before its producers wait."""
@@ -95,6 +95,8 @@ class _Run:
         self.errors: list[BaseException] = []
         self.notes: list[str] = []
         """Events for the report (:meth:`LocalEngine.events`)."""
+        self.outputs = {s.model.name: OutputTypes() for s in plan.stages}
+        """Each model's output types, one for all its replicas (:class:`OutputTypes`)."""
         self.records: queue.Queue[list[PartRecord] | None] = queue.Queue()
         """Part records for the driver; ``None`` each time a thread ends."""
         self.threads: list[threading.Thread] = []
@@ -210,6 +212,7 @@ class _Run:
                     gpu=gpu,
                     threads=growth.build_threads(mine),
                     rows=stage.batch_rows,
+                    outputs=self.outputs[stage.model.name],
                 )
             except Exception as exc:
                 if not (growth.grows and mine > 0):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from chute.errors import DataError
+from chute.errors import DataError, ModelError
 from chute.evaluation import from_text, to_text
 from chute.ledger import Ledger
 from chute.metrics import State
@@ -48,6 +48,8 @@ class Committer:
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         """(seconds since start, rows written) as parts arrive: the rate over the run."""
         self._files: set[str] = set()
+        self._columns: dict[str, str] | None = None
+        """The columns and types of the parts accepted so far (all-null ones: "null")."""
         """The data files written (a file shared by several units counts once)."""
         self.write = StageStats()
         self.counted: dict[str, float] = {}
@@ -87,6 +89,40 @@ class Committer:
         waited, elapsed = time.monotonic() - self._flushed, time.perf_counter() - self._started
         return self.ledger is None or self.ledger.flush_due(waited, elapsed)
 
+    def _same_columns(self, record: PartRecord) -> None:
+        """Every part writes the same columns with the same types: the files of one output
+        agree (a part whose column is all null takes any type). Each replica types a
+        model's outputs from the first batch it sees, and on Ray each worker process has
+        its own: two of them may differ, where one replica would have refused the batch."""
+        if not record.columns:
+            return
+        got = {name: kind for name, kind in json.loads(record.columns)}
+        known = self._columns
+        if known is None:
+            self._columns = got
+            return
+        if set(got) != set(known):
+            raise ModelError(
+                f"unit {record.unit}'s part has the columns {', '.join(sorted(got))}, the parts "
+                f"before it {', '.join(sorted(known))}: a model returned other columns there. "
+                "Return the same columns in every batch (a value it has none for can be null)."
+            )
+        for name, kind in got.items():
+            if kind == "null" or kind == known[name]:
+                continue
+            if known[name] == "null":
+                known[name] = kind
+                continue
+            raise ModelError(
+                f"the output column {name!r} is {known[name]} in the parts written so far but "
+                f"{kind} in unit {record.unit}'s: a model returned another type there (each "
+                "replica takes the type of the first batch it sees, and on Ray each worker "
+                "process has its own), and the files of one output would disagree. Return one "
+                "type in every batch (such as .astype('float64')), or give the model pyarrow "
+                "batches (with numpy or pandas, an integer column with a null arrives as "
+                "float64 in that batch only)."
+            )
+
     def add(
         self,
         records: Sequence[PartRecord],
@@ -111,6 +147,7 @@ class Committer:
             ):  # these rows were already written: a retried task, a block made again
                 self.again.add(record.unit)
                 continue  # its part is an orphan, removed before the run finishes
+            self._same_columns(record)
             self._parts[record.unit].append(record)
             if record.unit_rows >= 0:
                 self._totals[record.unit] = record.unit_rows

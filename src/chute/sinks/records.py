@@ -4,6 +4,7 @@ in a batch (:func:`runs`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -46,6 +47,10 @@ class PartRecord:
     """For a table output: the part's schema (and a Lance fragment), :func:`part_info`."""
     file_units: int = 1
     """How many units have rows in ``path``: more than one only for a file of whole units."""
+    columns: str = ""
+    """The part's columns and their types (:func:`describe_columns`), which the committer
+    checks are every part's: replicas in other processes each type a model's outputs from
+    the first batch they see."""
 
 
 RECORD_SCHEMA = pa.schema(
@@ -65,8 +70,14 @@ RECORD_SCHEMA = pa.schema(
         ("errors_nbytes", pa.int64()),
         ("table", pa.string()),
         ("file_units", pa.int64()),
+        ("columns", pa.string()),
     ]
 )
+
+
+def describe_columns(schema: pa.Schema) -> str:
+    """``[[name, type], ...]`` as JSON text: the columns a part writes (chute's own left out)."""
+    return json.dumps([[f.name, str(f.type)] for f in schema if not f.name.startswith("__chute")])
 
 
 def records_to_table(records: Sequence[PartRecord]) -> pa.Table:

@@ -27,7 +27,7 @@ from chute.sinks.files import (
     in_order,
     write_parquet,
 )
-from chute.sinks.records import PartRecord, runs, to_ipc
+from chute.sinks.records import PartRecord, describe_columns, runs, to_ipc
 from chute.stages import (
     EMPTY,
     ERROR_COLUMNS,
@@ -190,7 +190,16 @@ class PartWriter:
         if self.sink is None:
             data = to_ipc(part)
             record = PartRecord(
-                unit, start, end, total, "", len(data), 0.0, data, error_rows=error_rows
+                unit,
+                start,
+                end,
+                total,
+                "",
+                len(data),
+                0.0,
+                data,
+                error_rows=error_rows,
+                columns=describe_columns(part.schema) if part.num_rows else "",
             )
             return record, None
         path, size, table = "", 0, ""  # a file sink's rows go to a file with others'
@@ -210,6 +219,7 @@ class PartWriter:
             error_rows=error_rows,
             errors_nbytes=bad_size,
             table=table,
+            columns=describe_columns(part.schema) if part.num_rows else "",
         )
         return record, part if self.joins and part.num_rows else None
 

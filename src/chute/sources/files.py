@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import difflib
 import errno
-import io
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -219,12 +218,14 @@ def _same(path: str) -> str:
     return path
 
 
+def _text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
 def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
 
-COMPRESSED_RATIO = 16
-"""A compressed file's size times this: the block a whole compressed file is parsed in."""
 WHOLE_BLOCK_MAX = 1 << 30
 """The largest block a CSV / JSON Lines file is parsed in when its records outgrow Arrow's
 1 MiB blocks (a block is parsed on one thread, and Arrow caps a block under 2 GiB)."""
@@ -294,6 +295,9 @@ class FileSource:
     ``column_types`` declares a column's type instead (``{"zip": "string"}``).
     """
 
+    READS_PARTS: ClassVar[bool] = True
+    """Whether chute's part files would be read as input where a folder or glob of the
+    input reaches them (Parquet, CSV, JSON Lines: yes; images: never, not being images)."""
     KEEPS_EMPTY_FILES: ClassVar[bool] = False
     """Whether a folder's 0-byte files are listed: a table's hold no rows (left out); an
     image source's file is a row each, so one that is empty must be named, not lost."""
@@ -464,7 +468,8 @@ class FileSource:
             for name in unknown - set(types):
                 if name in other.names and not pa.types.is_null(other.field(name).type):
                     types[name] = other.field(name).type
-        return pa.schema([f.with_type(types.get(f.name, f.type)) for f in schema])
+        typed = [f.with_type(types.get(f.name, f.type)) for f in schema]
+        return pa.schema(typed, metadata=schema.metadata)  # pandas' own, for one
 
     @property
     def reference(self) -> str | None:
@@ -587,7 +592,7 @@ class FileSource:
             if real(path) == out or real(path).startswith(out + "/"):
                 return f"the input file {path!r} is inside the output {root!r}"
         part = f"{out}/{part_name}"
-        for original in self.paths:
+        for original in self.paths if self.READS_PARTS else ():
             given = real(_filesystem(original, self.storage)[1])
             if _has_glob(given):
                 if _glob(given).fullmatch(part):
@@ -654,19 +659,26 @@ class FileSource:
     def _read_file(
         self, path: str, columns: Sequence[str] | None, listed: int | None = None
     ) -> pa.Table:
-        """A CSV or JSON Lines file (checked against its ``listed`` size: :meth:`_open_unit`),
-        read with the planned column types (:attr:`column_types` alone while planning)."""
-        types = self._types()
+        """A CSV or JSON Lines file (checked against its ``listed`` size: :meth:`_open_unit`).
+
+        Its text columns (as planned: the first file's) and the declared ones
+        (:attr:`column_types`) are read as such, never inferred again: Arrow would read
+        ``02139`` as the number 2139, or ISO text as a timestamp, and the cast back would
+        change the text. The others are inferred and conformed by the reader, whose casts
+        change no value (a big integer is not rounded into a float column). A column the
+        file lacks is left out, for the reader to name the drift (never filled with nulls)."""
+        pinned = self._pinned()
         try:
             try:
-                table = self._parse(path, columns, listed, types, whole=False)
+                data = self._bytes_of(path, listed)
+                table = self._parse(data, path, columns, pinned, whole=False)
             except pa.ArrowInvalid:
                 # Arrow parses in blocks of 1 MiB: a record longer than a block fails so
                 # ("straddles two block boundaries"). Parsed again as one block; what
                 # fails again is the file's own fault.
-                table = self._parse(path, columns, listed, types, whole=True)
+                table = self._parse(data, path, columns, pinned, whole=True)
         except pa.ArrowInvalid as exc:
-            if not types:
+            if not pinned:
                 raise
             raise DataError(self._type_error(path, exc)) from exc
         _check_names(table.schema, path)
@@ -674,49 +686,80 @@ class FileSource:
             return table
         return table.select([c for c in columns if c in table.column_names])
 
-    def _parse(
-        self,
-        path: str,
-        columns: Sequence[str] | None,
-        listed: int | None,
-        types: dict[str, pa.DataType],
-        whole: bool,
-    ) -> pa.Table:
+    def _bytes_of(self, path: str, listed: int | None) -> pa.Buffer:
+        """The file's bytes (decompressed through its codec: ``.csv.gz``), read whole (as
+        Arrow reads a CSV or JSON file)."""
         codec = _compression(path)
         with self._open_unit(path, listed) as opened:
-            size = opened.size() * (COMPRESSED_RATIO if codec else 1)
-            block = min(max(size, 1 << 20), WHOLE_BLOCK_MAX) if whole else None
-            handle = pa.CompressedInputStream(opened, codec) if codec else opened
-            if self.format == "csv":
-                convert = pacsv.ConvertOptions(
-                    include_columns=list(columns) if columns else None,
-                    include_missing_columns=True,
-                    column_types=types,
-                )
-                return pacsv.read_csv(
-                    handle,
-                    read_options=pacsv.ReadOptions(block_size=block) if block else None,
-                    # Always: without it Arrow's parallel parse cuts a quoted field that
-                    # holds a line break at a block boundary, and may do so in silence (a
-                    # 40,000-row file read back 40,000 rows, one of them cut in two)
-                    parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                    convert_options=convert,
-                )
-            parse = pajson.ParseOptions(
+            if codec is None:
+                return opened.read_buffer()
+            with pa.CompressedInputStream(opened, codec) as stream:
+                return stream.read_buffer()
+
+    def _parse(
+        self,
+        data: pa.Buffer,
+        path: str,
+        columns: Sequence[str] | None,
+        pinned: dict[str, pa.DataType],
+        whole: bool,
+    ) -> pa.Table:
+        block = min(max(data.size, 1 << 20), WHOLE_BLOCK_MAX) if whole else None
+        if self.format == "csv":
+            return self._parse_csv(data, columns, pinned, block)
+        read = pajson.ReadOptions(block_size=block) if block else None
+
+        def parse(types: dict[str, pa.DataType]) -> pa.Table:
+            options = pajson.ParseOptions(
                 explicit_schema=pa.schema(types) if types else None,
                 unexpected_field_behavior="infer",
             )
-            return pajson.read_json(
-                io.BytesIO(handle.read()),
-                read_options=pajson.ReadOptions(block_size=block) if block else None,
-                parse_options=parse,
+            return pajson.read_json(pa.BufferReader(data), read_options=read, parse_options=options)
+
+        # Pinned first as declared only: a key no record of this file has stays absent
+        # (drift), where an explicit schema would fill it with nulls. A text column that
+        # came back as anything else (ISO text as a timestamp) is read again, as text.
+        declared = {k: v for k, v in pinned.items() if k in self.column_types}
+        table = parse(declared)
+        again = {
+            name: kind
+            for name, kind in pinned.items()
+            if name in table.column_names and table.schema.field(name).type != kind
+        }
+        return parse({**declared, **again}) if again else table
+
+    def _parse_csv(
+        self,
+        data: pa.Buffer,
+        columns: Sequence[str] | None,
+        pinned: dict[str, pa.DataType],
+        block: int | None,
+    ) -> pa.Table:
+        def parse(include: list[str] | None) -> pa.Table:
+            convert = pacsv.ConvertOptions(
+                include_columns=include, include_missing_columns=False, column_types=pinned
+            )
+            return pacsv.read_csv(
+                pa.BufferReader(data),
+                read_options=pacsv.ReadOptions(block_size=block) if block else None,
+                # Always: without it Arrow's parallel parse cuts a quoted field that holds
+                # a line break at a block boundary, and may do so in silence (a 40,000-row
+                # file read back 40,000 rows, one of them cut in two)
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=convert,
             )
 
-    def _types(self) -> dict[str, pa.DataType]:
-        """The type each column is read with: the planned ones, then the declared ones."""
+        try:
+            return parse(list(columns) if columns else None)
+        except pa.ArrowKeyError:  # a column the file lacks: left out, for the reader to name
+            header = pacsv.open_csv(pa.BufferReader(data)).schema.names
+            return parse([c for c in columns or () if c in header])
+
+    def _pinned(self) -> dict[str, pa.DataType]:
+        """The types read as such: the planned text columns, then the declared ones."""
         planned = self._planned
-        known = {} if planned is None else {f.name: f.type for f in planned}
-        return {**known, **self.column_types}
+        text = {} if planned is None else {f.name: f.type for f in planned if _text(f.type)}
+        return {**text, **self.column_types}
 
     def _type_error(self, path: str, exc: pa.ArrowInvalid) -> str:
         where = (

@@ -99,6 +99,7 @@ class ImageSource(FileSource):
     """
 
     KEEPS_EMPTY_FILES = True
+    READS_PARTS = False
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ batch does not depend on the engine.
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
 from chute.stages.convert import cast_exactly, to_columns, to_format
-from chute.stages.model import TIMEOUT_RETRIES, ModelStage
+from chute.stages.model import TIMEOUT_RETRIES, ModelStage, OutputTypes
 from chute.stages.rows import (
     EMPTY,
     ERROR_COLUMNS,
@@ -49,6 +49,7 @@ __all__ = [
     "BatchSizer",
     "Batching",
     "ModelStage",
+    "OutputTypes",
     "PrepareStage",
     "PreprocessStage",
     "StageClock",

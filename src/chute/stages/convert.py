@@ -16,9 +16,14 @@ def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
     if fmt == "pyarrow":
         return table
     if fmt == "pandas":
-        # ignore_metadata: never the index pandas stored in the file (``__index_level_0__``):
-        # a batch's index is its row positions, so that a result is put back in order by it
-        return table.to_pandas(ignore_metadata=True)
+        # pandas' metadata kept (its dtypes: Int64 stays Int64; a stored index stays an
+        # index, not a column), but the index is the batch's row positions, never the one
+        # pandas stored in the file: a result is put back in order by it
+        import pandas as pd
+
+        frame = table.to_pandas()
+        frame.index = pd.RangeIndex(len(frame))
+        return frame
     return {name: _to_numpy(table.column(name)) for name in table.column_names}
 
 
@@ -114,14 +119,15 @@ def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
     otherwise both types must hold the same kind of value (numbers, text, instants...),
     Arrow's safe cast must accept it (no overflow, no truncation) and casting back must
     give the values read. Text is never made from numbers (``02139`` read as 2139 would
-    come back as ``"2139"``) and instants never lose their time of day."""
+    come back as ``"2139"``) and instants never lose their time of day; bytes become text
+    where they are UTF-8 (Arrow's cast checks), and text bytes."""
     got = column.type
     if pa.types.is_null(got):
         return pa.chunked_array([pa.nulls(len(column), want)], want)
     if pa.types.is_dictionary(got):
         column, got = column.cast(got.value_type), got.value_type
     plain = want.value_type if pa.types.is_dictionary(want) else want
-    if _kind(got) != _kind(plain):
+    if _kind(got) != _kind(plain) and {_kind(got), _kind(plain)} != {"text", "bytes"}:
         raise pa.ArrowInvalid(f"{got} values are not {plain} values")
     cast = column.cast(want)
     if got != plain and not _same_values(cast.cast(plain).cast(got), column):

@@ -9,6 +9,7 @@ past its ``timeout`` replaces the replica. How many rows each call takes is the 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -70,11 +71,13 @@ class ModelStage:
         rows: int | None = None,
         timer: Callable[[], float] = time.perf_counter,
         threads: int | None = None,
+        outputs: OutputTypes | None = None,
     ) -> None:
         """``target`` and ``ctor`` replace ``model.fn`` and its arguments when an engine
         ships them separately (on Ray: through the object store, once); ``gpu`` is the
         local GPU a replica of the local engine uses, ``threads`` the intra-op threads the
-        engine planned for it (see :class:`ReplicaContext`)."""
+        engine planned for it (see :class:`ReplicaContext`); ``outputs``, the output
+        columns' types the replicas of one stage in a process share (:meth:`_typed`)."""
         self.name = model.name
         self._gpu = gpu
         self.threads = threads
@@ -102,9 +105,10 @@ class ModelStage:
         self._first_load = time.perf_counter() - began
         self._hung = 0
         """Calls in a row that timed out."""
-        self._names: list[str] | None = None
-        self._types: dict[str, pa.DataType] = {}
-        """Each output column's type, from the first batch with values (:meth:`_typed`)."""
+        self._widest = 0
+        """The most rows of a call so far (a quarantine's bisection of it times out once a
+        level, on the way to a row that hangs)."""
+        self._outputs = outputs or OutputTypes()
         self._caller = self._new_caller()
 
     def _new_caller(self) -> Caller | None:
@@ -217,6 +221,7 @@ class ModelStage:
     def _predict(self, view: pa.Table, batch: Any = None) -> dict[str, pa.Array]:
         if batch is None:
             batch = to_format(self._model_view(view), self.batch_format)
+        self._widest = max(self._widest, view.num_rows)
         out = self._call(batch)
         columns = to_columns(out, self.name, view.num_rows, f"model {self.name!r}", batch)
         return self._typed(columns)
@@ -230,21 +235,28 @@ class ModelStage:
         themselves must be the same in every batch."""
         marks = f"{self.name}_{ROW_ERROR}"  # rows it failed: a column of some batches only
         names = sorted(c for c in columns if c != marks)
-        if self._names is None:
-            self._names = names
-        elif names != self._names:
+        known = self._outputs
+        with known.lock:
+            if known.names is None:
+                known.names = names
+            wanted, types = known.names, known.types
+            for name, array in columns.items():
+                if name != marks and (
+                    name not in types
+                    or (pa.types.is_null(types[name]) and not pa.types.is_null(array.type))
+                ):
+                    types[name] = array.type
+            types = dict(types)
+        if names != wanted:
             raise ModelError(
                 f"model {self.name!r} returned the columns {', '.join(names)} in this batch "
-                f"and {', '.join(self._names)} in an earlier one: return the same columns "
+                f"and {', '.join(wanted)} in an earlier one: return the same columns "
                 "every time (a value it has none for can be null)."
             )
         for name, array in columns.items():
             if name == marks:
                 continue
-            want = self._types.get(name)
-            if want is None or (pa.types.is_null(want) and not pa.types.is_null(array.type)):
-                self._types[name] = array.type
-                continue
+            want = types[name]
             if array.type == want:
                 continue
             try:
@@ -296,7 +308,8 @@ class ModelStage:
         it (a lock), and every call after would time out, so a few in a row fail the run."""
         assert self._caller is not None and self.timeout is not None
         if not self._builds():
-            if self._hung >= HUNG_IN_A_ROW:
+            bisection = TIMEOUT_RETRIES + 1 + 2 * self._widest.bit_length()
+            if self._hung >= max(HUNG_IN_A_ROW, bisection):
                 raise ModelError(
                     f"model {self.name!r} timed out on {self._hung} calls in a row. It is "
                     "a function or an object the job holds, which chute cannot load afresh "
@@ -490,10 +503,20 @@ class ModelStage:
         return int(unit[0]), int(position[0]), text
 
 
+class OutputTypes:
+    """A model's output columns and their types, as its first batches with values had
+    them: one for the replicas of a stage in a process (:meth:`ModelStage._typed`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.names: list[str] | None = None
+        self.types: dict[str, pa.DataType] = {}
+
+
 HUNG_IN_A_ROW = 16
 """Calls in a row that may time out on a model chute cannot load afresh (a function, an
-object the job holds) before the run fails: more than a quarantine's bisection takes to
-reach a row that hangs (its retries, and a half a level of a batch of thousands)."""
+object the job holds) before the run fails; at least as many as a quarantine's bisection
+takes to reach a row that hangs in the widest call (its retries, and two a level)."""
 RELOAD_DEADLINE = 60.0
 """The least seconds a replica reloaded after a hung call may take (else ten times its first
 load, or the call's timeout, whichever is longest)."""
