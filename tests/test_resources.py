@@ -188,7 +188,25 @@ def test_gpu_model_next_to_cpu_model() -> None:
     assert _actor_cpus(plan) <= 1.0
 
 
+def test_gpu_models_whose_pools_need_more_gpus_together_than_the_cluster_has() -> None:
+    """Each fit on its own: the second pool waited forever for the GPU the first held."""
+    models = _models({"resources": Resources(gpus=1)}, {"resources": Resources(gpus=1)})
+    with pytest.raises(ResourceError, match=r"together ask for 2 GPU.*'m0' 1 × 1, 'm1' 1 × 1"):
+        plan_resources(models, Cluster(cpus=4, gpus=1))
+    halves = _models({"resources": Resources(gpus=0.5)}, {"resources": Resources(gpus=0.5)})
+    assert len(plan_resources(halves, Cluster(cpus=4, gpus=1))) == 2
+
+
 # -- memory ------------------------------------------------------------------------------
+
+
+def test_a_replica_needs_a_node_with_its_memory() -> None:
+    """The cluster's total was checked: two 6 GiB nodes took an 8 GiB replica, which no
+    node could place (a run that waited forever)."""
+    models = _models({"resources": Resources(memory=8 * GiB)})
+    nodes = (Node("a", 2, 0, 6 * GiB), Node("b", 2, 0, 6 * GiB))
+    with pytest.raises(ResourceError, match=r"8\.0 GiB of memory per replica, but no node .*6\.0"):
+        plan_resources(models, Cluster(cpus=4, memory=12 * GiB, nodes=nodes))
 
 
 def test_memory_too_large() -> None:

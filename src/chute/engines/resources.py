@@ -276,6 +276,7 @@ def plan_resources(models: list[Model], cluster: Cluster) -> list[StageResources
     """Fit every model's actor pool into the cluster, keeping the task reserve free."""
     check_cluster(cluster)
     _check_gpus(models, cluster)
+    _check_gpus_together(models, cluster)
     _check_memory(models, cluster)
     budget = cluster.cpus - cluster.reserve
     cpus = [_fit_node(m, m.resources.cpus or DEFAULT_ACTOR_CPUS, cluster) for m in models]
@@ -319,8 +320,16 @@ def plan_threads(
 def _fit_node(model: Model, cpus: float, cluster: Cluster) -> float:
     """A replica's CPUs, lowered to what the largest node with its GPUs has when they were
     not given (a GPU-only worker: 0); refused, naming the nodes, when they were."""
-    gpus = model.resources.gpus
-    hosts = [n for n in cluster.nodes if n.gpus >= gpus - 1e-9]
+    gpus, memory = model.resources.gpus, model.resources.memory
+    big = [n for n in cluster.nodes if not memory or n.memory is None or n.memory >= memory]
+    if cluster.nodes and memory and not big:
+        largest = max(n.memory or 0 for n in cluster.nodes)
+        raise ResourceError(
+            f"model {model.name!r} asks for {memory / 2**30:.1f} GiB of memory per replica, "
+            f"but no node of the cluster has that (the largest: {largest / 2**30:.1f} GiB): a "
+            "replica runs on one node. Lower memory, or add a node with more."
+        )
+    hosts = [n for n in big if n.gpus >= gpus - 1e-9]
     room = max((n.cpus for n in hosts), default=0.0)
     if not cluster.nodes or cpus <= room + 1e-9:
         return cpus
@@ -464,6 +473,20 @@ def _check_gpus(models: list[Model], cluster: Cluster, where: str = "the cluster
                 f"per replica × {model.pool.min}) but {where} has {cluster.gpus:g}. "
                 "Run on a cluster with GPUs, or set gpus: 0 to run on CPUs."
             )
+
+
+def _check_gpus_together(models: list[Model], cluster: Cluster) -> None:
+    """Ray gives each replica its GPUs to itself: the replicas every model starts with must
+    fit the cluster's GPUs together, or one pool waits forever for a GPU another holds."""
+    asking = [m for m in models if m.resources.gpus]
+    wanted = sum(m.resources.gpus * m.pool.min for m in asking)
+    if len(asking) > 1 and wanted > cluster.gpus + 1e-9:
+        each = ", ".join(f"{m.name!r} {m.resources.gpus:g} × {m.pool.min}" for m in asking)
+        raise ResourceError(
+            f"the models together ask for {wanted:g} GPU(s) to start ({each}) but the cluster "
+            f"has {cluster.gpus:g}, and a replica holds its GPUs for the whole run: one pool "
+            "would wait forever. Share GPUs (gpus: 0.5 puts two replicas on one), or add GPUs."
+        )
 
 
 def _check_memory(models: list[Model], cluster: Cluster) -> None:
