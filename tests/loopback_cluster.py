@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import socket
@@ -34,9 +35,27 @@ def short_dir(temp_dir: Path) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now, outside the range the OS hands out to other sockets: the port of
+    a socket closed at once (port 0) is the next one any process's connection may take,
+    and once the session's own Ray took it before the head started (``Failed to start
+    the grpc server``)."""
+    low, high = _ephemeral()
+    for _ in range(200):
+        port = random.randrange(20_000, 30_000)
+        if low <= port <= high:
+            continue
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("0.0.0.0", port))
+            return port
+    raise RuntimeError("no free port found between 20000 and 30000")
+
+
+def _ephemeral() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
 
 
 class LoopbackCluster:
@@ -61,16 +80,24 @@ class LoopbackCluster:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stdout}\n{done.stderr}")
 
     def start(self) -> LoopbackCluster:
-        self._ray(
-            "start",
-            "--head",
-            f"--port={self.port}",
-            f"--node-ip-address={HEAD_IP}",
-            f"--num-cpus={self.head_cpus}",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            f"--temp-dir={self.temp_dir}",
-        )
+        for attempt in range(3):
+            try:
+                self._ray(
+                    "start",
+                    "--head",
+                    f"--port={self.port}",
+                    f"--node-ip-address={HEAD_IP}",
+                    f"--num-cpus={self.head_cpus}",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                    f"--temp-dir={self.temp_dir}",
+                )
+                break
+            except RuntimeError as exc:  # its port taken meanwhile: another, once or twice
+                if "Failed to start the grpc server" not in str(exc) or attempt == 2:
+                    raise
+                self._kill()
+                self.port = free_port()
         self.nodes.append(HEAD_IP)
         return self
 
@@ -105,6 +132,11 @@ class LoopbackCluster:
                 continue
         return list(found.values())
 
+    def _kill(self) -> None:
+        for proc in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
     def kill_node(self, ip: str) -> int:
         """SIGKILL every process of the node at ``ip``: its raylet, workers and actors."""
         victims = self.processes(ip)
@@ -115,8 +147,6 @@ class LoopbackCluster:
 
     def stop(self) -> None:
         """Kill this cluster's processes (``ray stop`` would kill every Ray here)."""
-        for proc in self.processes():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
+        self._kill()
         if self._made:  # the short directory made for Ray's sockets: nothing else uses it
             shutil.rmtree(self.temp_dir, ignore_errors=True)

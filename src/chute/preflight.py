@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from chute.engines import Engine
+from chute.engines import ENGINES, Engine, choose
 from chute.engines.resources import check_local
 from chute.errors import ConfigError, JobStateError, ResourceError
 from chute.job import JobSpec, describe_changes
@@ -66,7 +66,9 @@ def check_job(
 def remote(job: JobSpec) -> bool:
     """Whether the job runs on a cluster at an address (not on this machine): a job that
     asks for the local engine never does, whatever ``RAY_ADDRESS`` says."""
-    return job.engine != "local" and bool(job.address or os.environ.get("RAY_ADDRESS"))
+    if ENGINES[choose(job)[0]].requires is None:  # runs in this process
+        return False
+    return bool(job.address or os.environ.get("RAY_ADDRESS"))
 
 
 def check_code(job: JobSpec, remote: bool = False) -> str:
