@@ -290,9 +290,9 @@ class FileSource:
     >>> FileSource("data/*.parquet").plan()  # doctest: +SKIP
 
     CSV and JSON Lines carry no types: Arrow infers them from the values of the first file
-    with rows, and every other file is read with those types (never inferred again and
-    cast, which rewrote values: ``02139`` read as a number and cast back to ``2139``).
-    ``column_types`` declares a column's type instead (``{"zip": "string"}``).
+    with rows, and every other file reads its text columns as text (inferred again and
+    cast, ``02139`` came back as ``2139``; :meth:`_read_file`). ``column_types`` declares a
+    column's type instead (``{"zip": "string"}``).
     """
 
     READS_PARTS: ClassVar[bool] = True
