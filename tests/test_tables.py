@@ -344,9 +344,15 @@ def test_a_second_job_appends_and_a_rerun_adds_nothing(
     again = job(data, sink).run()  # the same job, finished: nothing to do
     assert (again.units_skipped, again.rows_out) == (UNITS, 0)
     check_once(sink, expected)
-    second = job(data / "unit-000.parquet", sink).run()  # another job: its rows appended
+    more = tmp_path / "more"  # another day's input: another job, its rows appended
+    more.mkdir()
+    ids = np.arange(ROWS, ROWS + ROWS_PER_UNIT, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "x": ids * 0.1, "tag": ids % 3}), more / "new.parquet")
+    second = job(more, sink).run()
     assert second.fingerprint != first.fingerprint and second.rows_out == ROWS_PER_UNIT
     assert len(read_table(sink)) == ROWS + ROWS_PER_UNIT
+    with pytest.raises(chute.JobStateError, match="over the same input"):
+        job(data / "unit-000.parquet", sink).run()  # rows the table holds already
 
 
 @pytest.mark.timeout(120)
@@ -618,7 +624,8 @@ def test_a_table_keeps_its_partitions(fmt: str, dated: Path, tmp_path: Path) -> 
     other = table_sink(fmt, tmp_path, partition_by=("tag",))
     with pytest.raises(chute.ConfigError, match=r"partitioned by \['pickup_date'\], the job"):
         job(dated, other, carryover=DATED).run()
-    report = job(dated, table_sink(fmt, tmp_path), carryover=DATED).run()
+    # over the first job's input too: its rows again, as told (overwrite)
+    report = job(dated, table_sink(fmt, tmp_path), carryover=DATED).run(overwrite=True)
     assert report.rows_out == ROWS
     assert len(read_table(first)) == ROWS + ROWS_PER_UNIT
 
@@ -665,7 +672,7 @@ def test_status_and_report_on_a_table_through_the_cli(fmt: str, data: Path, tmp_
     assert f"job {job_id}" in done
 
     other = _job_file(tmp_path / "other.yaml", data / "unit-000.parquet", sink, delay=0.0)
-    assert _run(["-m", "chute", "run", str(other), "-q"]).returncode == 0
+    assert _run(["-m", "chute", "run", str(other), "-q", "--overwrite"]).returncode == 0
     both = _cli("status", where)
     assert both.count("chute status:") == 2 and both.count("finished yes") == 2
     assert both.index(f"job {job_id}") > both.index("chute status:", 1), "latest job first"
@@ -831,3 +838,94 @@ def test_the_tables_example_runs_and_reads_back(tmp_path: Path) -> None:
     assert [r["commits"] for r in first[1:]] == [1, 1, 1]
     again = example.run(5_000, tmp_path)
     assert all(r["rows"] == 0 for r in again) and [r["commits"] for r in again[1:]] == [1, 1, 1]
+
+
+# --------------------------------------------------------------------------- reruns, drops
+
+
+def _other_job(data: Path, output: chute.Sink) -> chute.Job:
+    """The same input, model and columns; another job (a metric added)."""
+    from chute.metrics import metric_from_spec
+
+    spec = {"type": "mean", "column": "m_score"}
+    return replace(job(data, output), metrics=(metric_from_spec(spec),))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_finished_job_run_again_after_any_change_is_refused_not_appended_twice(
+    data: Path, tmp_path: Path, fmt: str
+) -> None:
+    """A metric added, a comment edited, the input files touched: a new job, which wrote
+    every row a second time into the table (60 rows of 30 unique), and said complete."""
+    sink = table_sink(fmt, tmp_path)
+    assert job(data, sink).run().rows_out == ROWS
+    with pytest.raises(chute.JobStateError, match="already holds the rows of another chute job"):
+        _other_job(data, sink).run()
+    assert len(read_table(sink)) == ROWS
+    again = _other_job(data, sink).run(overwrite=True)  # told to: the rows again, on purpose
+    assert again.rows_out == ROWS and len(read_table(sink)) == 2 * ROWS
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_table_dropped_since_its_job_finished_is_written_again(
+    data: Path, tmp_path: Path, fmt: str
+) -> None:
+    """Its units were taken as committed: "nothing to do", and no table."""
+    import shutil
+
+    sink = table_sink(fmt, tmp_path)
+    assert job(data, sink).run().rows_out == ROWS
+    if fmt == "iceberg":
+        _iceberg(sink).catalog.drop_table("db.preds")
+    else:
+        for name in ("_delta_log", "_versions", "data"):
+            shutil.rmtree(Path(sink.path) / name, ignore_errors=True)
+    report = job(data, sink).run()
+    assert report.units_done == UNITS
+    frame = read_table(sink)
+    assert len(frame) == ROWS and frame.id.is_unique
+
+
+@pytest.mark.timeout(120)
+def test_a_lance_dataset_that_fails_to_open_is_never_replaced(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any error opening it was taken for "no dataset yet", and the commit overwrote the
+    rows another tool had written."""
+    import lance
+
+    sink = table_sink("lance", tmp_path)
+    theirs = pa.table({"id": pa.array([10**6], pa.int64()), "tag": pa.array([0], pa.int64())})
+    vec = pa.FixedSizeListArray.from_arrays(pa.array([0.0] * 4, pa.float32()), 4)
+    theirs = theirs.append_column("m_score", pa.array([0.0])).append_column("m_vec", vec)
+    lance.write_dataset(theirs, sink.path)
+    real = lance.dataset
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(lance, "dataset", flaky)
+    with pytest.raises(chute.ChuteError):
+        job(data, sink).run()
+    monkeypatch.setattr(lance, "dataset", real)
+    assert 10**6 in read_table(sink).id.tolist()
+
+
+@pytest.mark.timeout(120)
+def test_a_column_null_in_every_row_cannot_make_a_table_column(tmp_path: Path) -> None:
+    """A new Delta or Lance table was made with a "void" column, and no later rows with
+    values could go in: every resume failed."""
+    table = pa.table({"id": range(10), "x": [float(i) for i in range(10)]})
+    where = tmp_path
+    nulls = chute.Model("m", lambda b: {"score": pa.nulls(b.num_rows)}, inputs=("x",))
+    bad = chute.Job(
+        source=chute.TableSource(table),
+        models=(nulls,),
+        carryover=("id",),
+        output=table_sink("delta", where),
+        engine="local",
+    )
+    with pytest.raises(chute.ModelError, match=r"'m_score' is null in every row .*typed nulls"):
+        bad.run()

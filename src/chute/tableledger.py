@@ -33,6 +33,7 @@ files; compaction may have rewritten them).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterable
 from functools import partial
@@ -41,7 +42,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from chute.errors import JobStateError
+from chute.errors import JobStateError, ModelError
 from chute.job import describe_changes
 from chute.lease import Lease
 from chute.ledger import LEDGER_DIR, LEDGER_FILE, MANIFEST, SUCCESS, Ledger
@@ -63,6 +64,7 @@ from chute.tables import (
 
 TABLE_BATCH_MAX_SECONDS = 60.0
 """The longest a completed unit waits for its table commit, on a long run."""
+log = logging.getLogger("chute")
 ABANDONED = "abandoned"
 """In a job's folder: a later run was told (``--overwrite``) to leave this job unfinished."""
 
@@ -105,12 +107,23 @@ class TableLedger(Ledger):
         ledger.lease = lease
         ledger._schema = table.schema()
         ledger._refuse_redo(overwrite)
+        ledger._refuse_again(description, overwrite)
         ledger._settle_others(description, overwrite)
         ledger._claim(fingerprint, description, False, units_total)
         ledger._entries = ledger.read_entries()
         if not ledger.objects:
             ledger._mend_last_line()
         ledger._resolve()
+        if ledger._entries and ledger._schema is None:
+            # Units this job committed to a table that is not there any more (dropped, or
+            # its files removed): their rows are gone, and they are computed again.
+            log.warning(
+                "%s does not exist any more: the %d unit(s) this job committed to it are "
+                "computed again",
+                ledger._name(),
+                len(ledger._entries),
+            )
+            ledger._entries = {}
         return ledger
 
     # ------------------------------------------------------------------ opening
@@ -123,6 +136,25 @@ class TableLedger(Ledger):
                 "the job, or delete its rows with the table's own tools and its folder "
                 f"{self.meta!r}, or write to another table."
             )
+
+    def _refuse_again(self, description: dict[str, Any], overwrite: bool) -> None:
+        """Another job of this table, finished (or left), already added rows of this job's
+        input: a rerun after any change (a metric, a comment in the model's file, the input
+        files touched) would add every row again. Refused unless ``overwrite`` says to."""
+        if overwrite or self.read_json("job.json") is not None:  # told to, or a resume
+            return
+        for _, owner in self._others(finished=True):
+            before = owner.get("job", {})
+            shared = _same_input(before.get("source"), description.get("source"))
+            if shared:
+                changed = describe_changes(before, description)
+                raise JobStateError(
+                    f"{self._name()} already holds the rows of another chute job over the same "
+                    f"input ({shared}; changed since: {changed}): this run would add them again. "
+                    "Pass --overwrite to add them again all the same (the earlier rows stay: "
+                    "chute never deletes rows from a table; delete them with the table's own "
+                    "tools first to replace them), or write to another table."
+                )
 
     def _settle_others(self, description: dict[str, Any], overwrite: bool) -> None:
         """Another job of this table left unfinished: refused (rows of two jobs would mix
@@ -140,16 +172,33 @@ class TableLedger(Ledger):
             self._write(f"{folder}/{ABANDONED}", b"")
 
     def _unfinished_others(self) -> list[tuple[str, dict[str, Any]]]:
+        return self._others(finished=False)
+
+    def _others(self, finished: bool) -> list[tuple[str, dict[str, Any]]]:
+        """Other jobs of this table that committed something: unfinished ones, or (with
+        ``finished``) those finished or left unfinished by a later run."""
         found = []
         for info in self._list(f"{self.root}/{META_DIR}/{JOBS_DIR}"):
             folder = info.path
             if folder == self.meta or info.type != pafs.FileType.Directory:
                 continue
             names = {i.base_name for i in self._list(folder)}
-            if "job.json" in names and not names & {SUCCESS, ABANDONED}:
+            ended = bool(names & {SUCCESS, ABANDONED})
+            if "job.json" in names and ended == finished:
+                if not self._committed_in(folder):  # nothing of it in the table: no mix
+                    continue
                 owner = json.loads(self._read(f"{folder}/job.json") or b"{}")
                 found.append((folder, owner))
         return found
+
+    def _committed_in(self, folder: str) -> bool:
+        """Whether the job of ``folder`` wrote anything to its ledger (a unit staged for
+        the table, or committed)."""
+        infos = {i.base_name: i for i in self._list(folder)}
+        ledger = infos.get(LEDGER_FILE)
+        if ledger is not None and (ledger.size or 0) > 0:
+            return True
+        return bool(self._list(f"{folder}/{LEDGER_DIR}"))
 
     def read_entries(self) -> dict[str, dict[str, Any]]:
         """Every unit the ledger names (staged ones too); the confirmed tokens aside."""
@@ -300,6 +349,15 @@ class TableLedger(Ledger):
         schema = self._schema
         for text in {i["schema"] for e in batch for i in e.get("table", [])}:
             written = schema_from(text)
+            if (void := [f.name for f in written if pa.types.is_null(f.type)]) != []:
+                # a table column needs a type: created from these rows it would be "void"
+                # (Delta, Lance), and no later rows with values could go in
+                raise ModelError(
+                    f"column {void[0]!r} is null in every row of a part written for "
+                    f"{self._name()}, so it has no type a table column could take. Return "
+                    "typed nulls from the model (pa.nulls(n, pa.float64()), or a float "
+                    "array of NaN), or values."
+                )
             if schema is None:
                 schema = written
             if text not in self._checked:
@@ -425,3 +483,19 @@ def table_jobs(fs: pafs.FileSystem, root: str) -> list[TableLedger]:
             started.append((owner.mtime.timestamp() if owner.mtime else 0.0, ledger))
     started.sort(key=lambda pair: pair[0], reverse=True)
     return [ledger for _, ledger in started]
+
+
+def _same_input(before: Any, after: Any) -> str:
+    """What two jobs' inputs (their descriptions' ``source``) share: the files both read
+    (whatever their sizes and times now), or the whole input where it is not files; ""
+    if nothing."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return ""
+    if before.get("kind") == after.get("kind") == "files":
+        paths = {str(f[0]) for f in before.get("files", [])}
+        both = [str(f[0]) for f in after.get("files", []) if str(f[0]) in paths]
+        if not both:
+            return ""
+        more = f" and {len(both) - 1} more file(s)" if len(both) > 1 else ""
+        return f"{both[0]}{more}"
+    return "the same input data" if before == after else ""

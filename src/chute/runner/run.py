@@ -51,7 +51,12 @@ def run_job(
     check_job(plan, run.fingerprint, description, overwrite=overwrite)  # before any write
     if job.output is None:
         return _execute(run, engine, None, progress, console)
-    table = _table(plan, run.fingerprint)
+    try:
+        table = _table(plan, run.fingerprint)
+    except ChuteError:
+        raise
+    except Exception as exc:  # opening the table: the same boundary as the run's
+        raise translate(exc) from exc
     assert plan.job.output is not None
     with Ledger.claim(plan.job.output.path, plan.job.output.storage) as lease:
         ledger = _open_ledger(run, description, lease, overwrite, table)

@@ -234,7 +234,9 @@ def _partition_text(value: Any) -> str | None:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, datetime.datetime):
-        return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+        if value.tzinfo is not None:  # Delta reads a partition's text as UTC
+            value = value.astimezone(datetime.timezone.utc)
+        return str(value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds"))
     return value.isoformat() if isinstance(value, datetime.date) else str(value)
 
 

@@ -18,10 +18,11 @@ os.environ.setdefault("LANCE_LOG", "error")  # not a warning per fragment of a n
 
 import lance
 import pyarrow as pa
+import pyarrow.fs as pafs
 from lance import LanceOperation
 from lance.fragment import FragmentMetadata
 
-from chute.storage import StorageOptions
+from chute.storage import StorageOptions, resolve
 from chute.tables import BATCH_KEY, DATA_DIR, DataFile, TableSink
 from chute.tables.delta import storage_options
 
@@ -60,10 +61,17 @@ class Lance:
         self.options = storage_options(sink.path, sink.storage) or None
 
     def _load(self) -> lance.LanceDataset | None:
-        try:
-            return lance.dataset(self.location, storage_options=self.options)
-        except (ValueError, FileNotFoundError, OSError):
+        """The dataset, or ``None`` where there is none yet (no ``_versions/``). Any other
+        failure to open it is raised: taken for "no dataset", a transient error made the
+        next commit an Overwrite, and the rows another tool had written were gone."""
+        if not self._exists():
             return None
+        return lance.dataset(self.location, storage_options=self.options)
+
+    def _exists(self) -> bool:
+        fs, root = resolve(self.location, self.sink.storage)
+        selector = pafs.FileSelector(f"{root}/_versions", allow_not_found=True)
+        return bool(fs.get_file_info(selector))
 
     def schema(self) -> pa.Schema | None:
         dataset = self._load()
