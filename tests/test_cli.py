@@ -295,3 +295,22 @@ def test_a_list_column_sent_to_csv_is_refused_before_any_compute(
     assert "column(s) 'emb' (list<" in out
     assert "Write Parquet or JSON Lines instead" in out
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_says_how_to_resume_only_where_there_is_something_to_resume(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`chute validate` and `chute plan` write nothing: they said committed units were kept."""
+    from chute.cli import handle_errors
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    for name, resumes in (("run", True), ("validate", False), ("plan", False)):
+        interrupted.__name__ = name
+        with pytest.raises(SystemExit) as exit_:
+            handle_errors(interrupted)()
+        assert exit_.value.code == 130
+        said = " ".join(capsys.readouterr().err.split())
+        assert said.startswith("interrupted.")
+        assert ("run the same command again to resume" in said) is resumes

@@ -39,10 +39,14 @@ def handle_errors(fn: F) -> F:
             errors.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            errors.print(
-                "[bold yellow]interrupted.[/] Committed units are kept in the output's ledger; "
-                "run the same command again to resume."
+            # only `chute run` has committed units to keep (`demo` starts over each time)
+            again = (
+                " Committed units are kept in the output's ledger; run the same command again "
+                "to resume."
+                if fn.__name__ == "run"
+                else ""
             )
+            errors.print(f"[bold yellow]interrupted.[/]{again}")
             sys.exit(INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]

@@ -158,8 +158,9 @@ class Committer:
             self.write.add(record.seconds, record.end - record.start)
             if record.data:
                 self._tables.append((record.unit, record.start, read_ipc(record.data)))
-            if self.bar is not None:
-                self.bar.advance(record.end - record.start)
+            if self.bar is not None:  # a unit left out (unreadable): its planned rows
+                skipped = self.units[record.unit].rows or 0 if record.skipped else 0
+                self.bar.advance(record.end - record.start + skipped)
             if self._complete(record.unit):
                 self._check_rows(record.unit)
                 completed.append(record.unit)

@@ -58,6 +58,19 @@ def report_of(run: Run, committer: Committer, stages: dict[str, StageStats]) -> 
         if stat is not None:
             stat.batch_start, stat.batch_auto = stage.batch_rows, stage.adaptive
     stats["write"] = committer.write
+    # What earlier runs committed, as their ledger says (not as planned: a unit an earlier
+    # run left out as unreadable holds no rows, and its input is still to be named).
+    earlier = committer.ledger.entries if committer.ledger is not None else {}
+    before = [earlier.get(u.id) for u in skipped]
+    rows_skipped = sum(
+        int(e.get("rows", 0)) if e is not None else (u.rows or 0)
+        for u, e in zip(skipped, before, strict=True)
+    )
+    bad = [
+        {"unit": str(e["unit"]), "error": str(e["skipped"])}
+        for e in before
+        if e and e.get("skipped")
+    ]
     return Report(
         fingerprint=run.fingerprint,
         engine=run.engine,
@@ -69,11 +82,11 @@ def report_of(run: Run, committer: Committer, stages: dict[str, StageStats]) -> 
         rows_in=committer.rows_in,
         rows_out=committer.rows_out,
         rows_failed=committer.rows_failed,
-        units_bad=committer.skipped,
+        units_bad=bad + committer.skipped,
         timeline=thin(committer.timeline),
         metrics=committer.evaluation.results(committer.metric_states),
         plots=committer.evaluation.plots(committer.metric_states),
-        rows_skipped=sum(u.rows or 0 for u in skipped),
+        rows_skipped=rows_skipped,
         parts=committer.parts,
         wall_seconds=time.perf_counter() - run.started,
         units_redone=run.redone,
