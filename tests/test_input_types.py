@@ -325,17 +325,23 @@ def test_compressed_text_files_are_read_through_their_codec(
         chute.FileSource(str(tmp_path / "p.parquet.gz")).schema()
 
 
+def _two_files(tmp_path: Path, ext: str, a: dict[str, object], b: dict[str, object]) -> Path:
+    """data/a.EXT and data/b.EXT of one row each (CSV: a header, then the values)."""
+    data = tmp_path / "data"
+    for name, row in (("a", a), ("b", b)):
+        if ext == "csv":
+            text = ",".join(row) + "\n" + ",".join(str(v) for v in row.values()) + "\n"
+        else:
+            text = json.dumps(row) + "\n"
+        _write(data / f"{name}.{ext}", text)
+    return data
+
+
 @pytest.mark.parametrize("ext", ["csv", "jsonl"])
 def test_a_column_a_later_file_lacks_is_drift_not_nulls(tmp_path: Path, ext: str) -> None:
     """Read with the planned types, a file that lacks a column had it filled with nulls:
     b's rows were written with no x, and the run succeeded."""
-    data = tmp_path / "data"
-    if ext == "csv":
-        _write(data / "a.csv", "id,x\n1,a\n")
-        _write(data / "b.csv", "id,x_renamed\n2,b\n")
-    else:
-        _write(data / "a.jsonl", '{"id": 1, "x": "a"}\n')
-        _write(data / "b.jsonl", '{"id": 2, "x_renamed": "b"}\n')
+    data = _two_files(tmp_path, ext, {"id": 1, "x": "a"}, {"id": 2, "x_renamed": "b"})
     with pytest.raises(DataError, match=rf"column 'x' is in .*a\.{ext} but not in .*b\.{ext}"):
         _run(chute.FileSource(str(data)), tmp_path, ("id", "x"))
 
@@ -344,13 +350,7 @@ def test_a_column_a_later_file_lacks_is_drift_not_nulls(tmp_path: Path, ext: str
 def test_a_big_integer_is_never_rounded_into_the_first_files_float_column(
     tmp_path: Path, ext: str
 ) -> None:
-    data = tmp_path / "data"
-    if ext == "csv":
-        _write(data / "a.csv", "id,c\n1,1.5\n")
-        _write(data / "b.csv", "id,c\n2,12345678901234567\n")
-    else:
-        _write(data / "a.jsonl", '{"id": 1, "c": 1.5}\n')
-        _write(data / "b.jsonl", '{"id": 2, "c": 12345678901234567}\n')
+    data = _two_files(tmp_path, ext, {"id": 1, "c": 1.5}, {"id": 2, "c": 12345678901234567})
     with pytest.raises(DataError, match=r"'c' is double .* but int64 .*without changing values"):
         _run(chute.FileSource(str(data)), tmp_path)
 

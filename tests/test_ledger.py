@@ -202,3 +202,16 @@ def test_a_job_that_committed_nothing_gives_way_to_another(tmp_path: Path) -> No
     assert ledger.entries == {}
     assert not (tmp_path / "part-000000-0000000000-aaaaaaaa.parquet").exists()
     assert '"fp2"' in (tmp_path / META_DIR / "job.json").read_text()
+
+
+def test_json_it_writes_is_json_to_any_reader(tmp_path: Path) -> None:
+    """A metric over a column holding an infinity wrote `"sum": Infinity`, which Python
+    reads but JSON.parse (and most readers) refuse."""
+    ledger = _open(tmp_path)
+    ledger._write_json("report.json", {"sum": float("inf"), "nan": [float("nan"), 1.5]})
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    text = (tmp_path / META_DIR / "report.json").read_text()
+    assert json.loads(text, parse_constant=refuse) == {"sum": None, "nan": [None, 1.5]}

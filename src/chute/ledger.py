@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import time
 import uuid
@@ -99,6 +100,16 @@ def foreign_error(where: str, names: list[str], chute_was_here: bool) -> str:
         "never deletes or mixes with them (--overwrite replaces only chute's own results). "
         "Choose an empty or new directory, or move those files away."
     )
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _is_part(name: str) -> bool:
@@ -298,7 +309,11 @@ class Ledger:
         return None if data is None else json.loads(data)
 
     def _write_json(self, name: str, value: Any) -> None:
-        self._put(name, json.dumps(value, indent=2, default=str).encode())
+        """``value`` as JSON, as any reader parses it: a non-finite number (a mean of a
+        column holding an infinity) is ``null``, where Python's ``Infinity`` or ``NaN``
+        would make the file invalid JSON for every other reader."""
+        text = json.dumps(_finite(value), indent=2, default=str, allow_nan=False)
+        self._put(name, text.encode())
 
     def _put(self, name: str, data: bytes) -> None:
         retrying(lambda: put(self.fs, f"{self.meta}/{name}", data), f"writing {name}")
