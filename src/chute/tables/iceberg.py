@@ -124,20 +124,27 @@ class Iceberg:
     def _create(self, schema: pa.Schema) -> IcebergTable:
         namespace, _, _ = self.sink.table.rpartition(".")
         self.catalog.create_namespace_if_not_exists(namespace)
-        table = self.catalog.create_table_if_not_exists(
+        if self.catalog.table_exists(self.sink.table):  # made since: another run's
+            self._table = self.catalog.load_table(self.sink.table)
+            return self._table
+        # One commit: the table with its partition spec and sort order, or nothing. Three
+        # (create, then spec, then order) left a table unpartitioned where the spec's step
+        # failed or the run died between them, and every later run was refused for it.
+        create = self.catalog.create_table_transaction(
             self.sink.table, schema=schema, location=self.location
         )
         fields = partition_fields(self.sink.partition_by)
-        if fields and table.spec().is_unpartitioned():
-            with table.update_spec() as update:
+        if fields:
+            with create.update_spec() as update:
                 for f in fields:
                     update.add_field(f.column, parse_transform(f.transform), _name(f))
-        if self.sink.sort_by and table.sort_order().is_unsorted:
-            with table.update_sort_order() as order:
+        if self.sink.sort_by:
+            with create.update_sort_order() as order:
                 for column in self.sink.sort_by:
                     order.asc(column, _identity())
-        self._table = table
-        return table
+        create.commit_transaction()
+        self._table = self.catalog.load_table(self.sink.table)
+        return self._table
 
 
 def _name(field: PartitionField) -> str:
