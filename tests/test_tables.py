@@ -929,3 +929,47 @@ def test_a_column_null_in_every_row_cannot_make_a_table_column(tmp_path: Path) -
     )
     with pytest.raises(chute.ModelError, match=r"'m_score' is null in every row .*typed nulls"):
         bad.run()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+def test_nanosecond_and_zoned_timestamps_are_stored_as_these_tables_store_them(
+    tmp_path: Path, fmt: str
+) -> None:
+    """pandas' nanoseconds made a Delta table its own reader could not read, and Iceberg
+    failed after the compute; a zone other than UTC failed the same way."""
+    frame = pd.DataFrame(
+        {
+            "id": range(4),
+            "at": pd.date_range("2024-01-05", periods=4, freq="h"),  # nanoseconds
+            "local": pd.date_range("2024-01-05", periods=4, freq="h", tz="America/New_York"),
+        }
+    )
+    sink = table_sink(fmt, tmp_path)
+    model = chute.Model("m", lambda b: {"n": pa.array([1] * b.num_rows)}, inputs=("id",))
+    chute.Job(
+        source=chute.TableSource(pa.Table.from_pandas(frame, preserve_index=False)),
+        models=(model,),
+        carryover=("id", "at", "local"),
+        output=sink,
+        engine="local",
+    ).run()
+    got = read_table(sink)
+    assert got["at"].tolist() == frame["at"].tolist()
+    assert got["local"].tolist() == frame["local"].tolist()  # the same instants, in UTC
+
+
+@pytest.mark.timeout(60)
+def test_a_nanosecond_that_a_table_cannot_hold_is_refused_never_rounded(tmp_path: Path) -> None:
+    stamps = pa.array([1_700_000_000_000_000_001], pa.timestamp("ns"))
+    sink = table_sink("delta", tmp_path)
+    model = chute.Model("m", lambda b: {"n": pa.array([1] * b.num_rows)}, inputs=("id",))
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": [0], "at": stamps})),
+        models=(model,),
+        carryover=("id", "at"),
+        output=sink,
+        engine="local",
+    )
+    with pytest.raises(chute.DataError, match="finer than a microsecond"):
+        job.run()

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from chute.errors import DataError
 from chute.evaluation import Evaluation
 from chute.job import FileTarget, Sink
 from chute.retry import retrying
@@ -231,6 +232,7 @@ class PartWriter:
             data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
         if self.sink.format == "lance":
             return self._put_lance(data)
+        data = _microseconds_utc(data)
         if self.sink.partition_by:
             return self._put_partitioned(data, unit, start)
         path, size = self._put(data, unit, start, self._folder(errors=False))
@@ -289,6 +291,28 @@ class PartWriter:
     def _name(unit: int, start: int, fmt: str) -> str:
         """A part's unique name: its first unit and row, then a random tag."""
         return f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[fmt]}"
+
+
+def _microseconds_utc(table: pa.Table) -> pa.Table:
+    """Timestamps as Iceberg and Delta store them: microseconds (a Delta table made with
+    pandas' nanoseconds needs a reader feature its own reader lacks; Iceberg refuses them),
+    and, where zoned, in UTC (the same instants). A nanosecond value that microseconds
+    cannot hold is refused, never rounded."""
+    for i, column_field in enumerate(table.schema):
+        kind = column_field.type
+        if not pa.types.is_timestamp(kind) or (kind.unit != "ns" and kind.tz in (None, "UTC")):
+            continue
+        want = pa.timestamp("us" if kind.unit == "ns" else kind.unit, tz=kind.tz and "UTC")
+        try:
+            column = table.column(i).cast(want)  # safe: a lost nanosecond raises
+        except pa.ArrowInvalid as exc:
+            raise DataError(
+                f"column {column_field.name!r} holds timestamps finer than a microsecond, which a "
+                f"table stores as microseconds ({exc}). Round them in a preprocess step or "
+                "the model, or write Parquet files."
+            ) from exc
+        table = table.set_column(i, column_field.with_type(want), column)
+    return table
 
 
 def _select(table: pa.Table, names: list[str]) -> pa.Table:
