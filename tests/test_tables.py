@@ -973,3 +973,25 @@ def test_a_nanosecond_that_a_table_cannot_hold_is_refused_never_rounded(tmp_path
     )
     with pytest.raises(chute.DataError, match="finer than a microsecond"):
         job.run()
+
+
+@pytest.mark.timeout(60)
+def test_a_delta_table_whose_rules_chute_would_bypass_is_refused_before_any_compute(
+    data: Path, tmp_path: Path
+) -> None:
+    """chute adds its files to the log as they are: a CHECK constraint took 15 rows that
+    broke it, and a NOT NULL column the job does not write took nulls."""
+    from deltalake import DeltaTable, write_deltalake
+
+    sink = table_sink("delta", tmp_path)
+    seed = job(data, sink).run()
+    assert seed.rows_out == ROWS
+    DeltaTable(sink.path).alter.add_constraint({"ids": "id >= 0"})
+    with pytest.raises(chute.DataError, match=r"rules chute's commits would not keep \(delta"):
+        _other_job(data, sink).run(overwrite=True)
+    assert len(read_table(sink)) == ROWS  # nothing added
+    strict = tmp_path / "strict.delta"
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("note", pa.string(), False)])
+    write_deltalake(str(strict), pa.table({"id": [0], "note": ["x"]}, schema=schema))
+    with pytest.raises(chute.DataError, match="NOT NULL column 'note' the job does not write"):
+        job(data, TableSink(str(strict), format="delta"), carryover=("id",)).run()

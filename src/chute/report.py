@@ -266,12 +266,19 @@ class Report:
         rows += [("events", event) for event in self.events]
         if self.rows_failed:
             rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)"))
-        if self.totals and len(self.runs) > 1:
+        if self.totals and (len(self.runs) > 1 or self.units_skipped):
+            # what the output holds in all, where earlier runs (a killed one leaves no
+            # record of its own) committed part of it: their failed rows too
+            runs = (
+                f"from {len(self.runs):,} runs"
+                if len(self.runs) > 1
+                else "with what earlier runs committed"
+            )
             rows.append(
                 (
                     "output holds",
                     f"{self.totals['rows_out']:,} rows, {self.totals['rows_failed']:,} failed, "
-                    f"from {len(self.runs):,} runs",
+                    f"{runs}",
                 )
             )
         if self.rows_skipped:

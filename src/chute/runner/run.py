@@ -72,6 +72,15 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
     sink, table = resolve(sink, fingerprint[:16])
     plan.job = replace(plan.job, output=sink)
     existing = table.schema()
+    check_writable = getattr(table, "check_writable", None)
+    if existing is not None and check_writable is not None:
+        models = [stage.model.name for stage in plan.stages]
+
+        def writes(name: str) -> bool:
+            outputs = (name == m or name.startswith(f"{m}_") for m in models)
+            return name in plan.carryover or any(outputs)
+
+        check_writable(writes)
     if existing is not None and plan.schema is not None:
         carried = [plan.schema.field(c) for c in plan.carryover if c in plan.schema.names]
         check_schema(existing, pa.schema(carried), sink.name)

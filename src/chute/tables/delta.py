@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -24,6 +24,7 @@ from deltalake.transaction import (
     create_table_with_add_actions,
 )
 
+from chute.errors import DataError
 from chute.storage import StorageOptions, read, resolve, scheme_of
 from chute.tables import BATCH_KEY, DataFile, TableSink
 
@@ -49,6 +50,35 @@ class Delta:
     def schema(self) -> pa.Schema | None:
         table = self._load()
         return None if table is None else pa.schema(table.schema().to_arrow())
+
+    def check_writable(self, writes: Callable[[str], bool]) -> None:
+        """Refuse, before any compute, a table whose own rules chute's commits (add actions
+        of files chute wrote) would bypass: CHECK constraints and generated columns Delta
+        would not enforce on them, column mapping (its files name columns otherwise), and a
+        NOT NULL column the job does not write (``writes``: whether it writes a column)."""
+        table = self._load()
+        if table is None:
+            return
+        config = table.metadata().configuration
+        rules = sorted(k for k in config if k.startswith("delta.constraints."))
+        rules += [
+            f"generated column {f.name!r}"
+            for f in table.schema().fields
+            if "delta.generationExpression" in (f.metadata or {})
+        ]
+        if config.get("delta.columnMapping.mode", "none") != "none":
+            rules.append(f"delta.columnMapping.mode={config['delta.columnMapping.mode']}")
+        rules += [
+            f"NOT NULL column {f.name!r} the job does not write"
+            for f in table.schema().fields
+            if not f.nullable and not writes(f.name)
+        ]
+        if rules:
+            raise DataError(
+                f"{self.sink.name} has rules chute's commits would not keep ({', '.join(rules)}): "
+                "chute adds the files it wrote to the table as they are. Write to a table "
+                "without them, or write Parquet files and load them with the table's own tools."
+            )
 
     def committed(self, tokens: set[str]) -> set[str]:
         """The tokens among the commit infos of the last :data:`LOG_READS` commits, read
