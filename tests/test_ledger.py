@@ -99,16 +99,46 @@ def test_output_that_is_a_file_is_refused(tmp_path: Path) -> None:
         _open(path, overwrite=True)
 
 
-def test_overwrite_wipes_another_jobs_results(tmp_path: Path) -> None:
+def test_overwrite_replaces_another_jobs_results_at_the_first_commit(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = _open(out)
+    _touch(out / "part-000000-0000000000-aaaaaaa1.parquet")
+    (out / "_errors").mkdir()
+    _touch(out / "_errors" / "part-000000-0000000000-aaaaaaa2.parquet")
+    old.commit([_entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")])
+    old.finish({"rows_out": 10})
+
+    ledger = _open(out, "fp2", overwrite=True)
+    assert ledger.entries == {} and ledger.report() is None and not ledger.finished()
+    assert (out / "part-000000-0000000000-aaaaaaa1.parquet").exists()  # not yet: the run
+    assert json.loads((out / META_DIR / "job.json").read_text())["fingerprint"] == "fp1"
+    assert _open(out).entries.keys() == {"u1"}  # stopped here, the earlier job resumes whole
+
+    ledger = _open(out, "fp2", overwrite=True)
+    assert ledger.reconcile() == [] and ledger.remove_orphans() == 0  # not orphans: kept
+    assert (out / "part-000000-0000000000-aaaaaaa1.parquet").exists()
+    _touch(out / "part-000001-0000000000-bbbbbbb1.parquet")  # this run's, written since
+    ledger.commit([_entry("v1", "part-000001-0000000000-bbbbbbb1.parquet")])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_chute",
+        "_errors",
+        "part-000001-0000000000-bbbbbbb1.parquet",
+    ]
+    assert list((out / "_errors").iterdir()) == []
+    assert json.loads((out / META_DIR / "job.json").read_text())["fingerprint"] == "fp2"
+    assert _open(out, "fp2").entries.keys() == {"v1"}
+
+
+def test_overwrite_of_a_job_over_no_rows_replaces_the_results_as_it_finishes(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "out"
     old = _open(out)
     _touch(out / "part-000000-0000000000-aaaaaaa1.parquet")
     old.commit([_entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")])
-    old.finish({"rows_out": 10})
-    ledger = _open(out, "fp2", overwrite=True)
-    assert ledger.entries == {}
-    assert sorted(p.name for p in out.iterdir()) == [META_DIR]
-    assert json.loads((out / META_DIR / "job.json").read_text())["fingerprint"] == "fp2"
+    _open(out, "fp2", overwrite=True).finish({"rows_out": 0})
+    assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "_chute"]
+    assert _open(out, "fp2").entries == {}
 
 
 def test_overwrite_wipes_what_chute_wrote_and_refuses_what_it_did_not(tmp_path: Path) -> None:

@@ -28,6 +28,10 @@ def double(batch):
     return {"y": batch.column("x").to_numpy() * 2}
 
 
+def halves(batch):
+    return {"y": batch.column("x").to_numpy() / 2}
+
+
 def leaves(batch):
     if batch.column("id")[0].as_py() >= 20:
         sys.exit(0)
@@ -40,6 +44,14 @@ def broken(batch):
 
 def _lookup(table):
     return table["nope"]
+
+
+class FailsToLoad:
+    def __init__(self):
+        raise RuntimeError("weights not found")
+
+    def __call__(self, batch):
+        return {"y": batch.column("x")}
 
 
 class ExitsAsItLoads:
@@ -72,10 +84,12 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def job(project: Path, output: str, fn: str = "double", name: str = "job.yaml") -> Path:
+def job(
+    project: Path, output: str, fn: str = "double", name: str = "job.yaml", engine: str = "local"
+) -> Path:
     path = project / name
     path.write_text(
-        f"input: data/\noutput: {output}\nengine: local\ncarryover: [id]\n"
+        f"input: data/\noutput: {output}\nengine: {engine}\ncarryover: [id]\n"
         f"models: [{{name: m, fn: 'model.py:{fn}', inputs: [id, x], batch_size: 10}}]\n"
     )
     return path
@@ -117,6 +131,36 @@ def test_overwrite_deletes_only_what_chute_wrote(project: Path) -> None:
     assert "holds files that chute did not write beside the results of a chute job" in out
     assert "'notes.txt'" in out
     assert files(project / "out") == before  # the earlier results too
+
+
+def test_overwrite_keeps_the_earlier_results_until_the_new_run_commits(
+    project: Path, engine: str
+) -> None:
+    """--overwrite deleted the earlier results before the new job's model loaded: a model
+    that could not load left the user with neither. They now go at the first commit."""
+    first = job(project, "out", engine=engine)
+    assert invoke("run", str(first), "-q")[0] == 0
+    kept = {k: v for k, v in files(project / "out").items() if not k.startswith("_chute/_")}
+    failing = job(project, "out", "FailsToLoad", "failing.yaml", engine)
+    code, out = invoke("run", str(failing), "-q", "--overwrite")
+    assert code == 4 and "weights not found" in out, out
+    now = files(project / "out")
+    assert {k: now.get(k) for k in kept if k != "_SUCCESS" and "report" not in k} == {
+        k: v for k, v in kept.items() if k != "_SUCCESS" and "report" not in k
+    }  # every part, the ledger and job.json as they were
+    assert "_SUCCESS" not in now  # being written again: no reader takes it as finished
+    code, out = invoke("run", str(job(project, "other", "double", "other.yaml")), "-q")
+    assert code == 0, out
+    code, out = invoke("run", str(first), "-q")  # the earlier job, finished again as it was
+    assert code == 0, out
+    assert (project / "out" / "_SUCCESS").exists()
+    assert sorted(pq.read_table(project / "out").column("id").to_pylist()) == list(range(30))
+    halved = job(project, "out", "halves", "halved.yaml", engine)
+    code, out = invoke("run", str(halved), "-q", "--overwrite")
+    assert code == 0, out
+    table = pq.read_table(project / "out")
+    assert table.num_rows == 30  # the new job's rows only: every earlier part is gone
+    assert sorted(table.column("m_y").to_pylist()) == sorted(i * 0.75 for i in range(30))
 
 
 def test_a_claimed_output_that_committed_nothing_keeps_files_added_since(project: Path) -> None:

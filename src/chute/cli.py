@@ -156,7 +156,11 @@ def _load(job_file: str, **opts: Any) -> Job:
     type=click.IntRange(min=1),
     help="Try the job on its first N rows and print a few output rows; nothing is written.",
 )
-@click.option("--overwrite", is_flag=True, help="Discard what the output location holds.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the earlier results in the output (deleted at this run's first commit).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show Ray's own progress bars and logs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @handle_errors

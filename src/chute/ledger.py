@@ -150,6 +150,11 @@ class Ledger:
         """This run's claim on the location: checked before every commit and deletion."""
         self.errors_dir = ERRORS_DIR
         """Where the rows a model failed on are, relative to the root (quarantine)."""
+        self._replacing: list[str] | None = None
+        """With ``--overwrite``: the earlier results' files, deleted at this run's first
+        commit (:meth:`_replace`), so that a run that fails before it leaves them."""
+        self._job: dict[str, Any] = {}
+        """This run's ``job.json``, written by :meth:`_claim` or at the first commit."""
 
     @classmethod
     def open(
@@ -173,6 +178,8 @@ class Ledger:
         ledger = cls(fs, root, objects)
         ledger.lease = lease
         ledger._claim(fingerprint, description, overwrite, units_total)
+        if ledger._replacing is not None:
+            return ledger  # starts from nothing; the earlier ledger goes at the first commit
         ledger._entries = ledger.read_entries()
         if not ledger.objects:
             ledger._mend_last_line()
@@ -235,6 +242,12 @@ class Ledger:
         overwrite: bool,
         units_total: int | None,
     ) -> None:
+        self._job = {
+            "fingerprint": fingerprint,
+            "job": description,
+            "units_total": units_total,
+            "created": time.time(),
+        }
         info = self.fs.get_file_info(self.root)
         if info.type == pafs.FileType.File:
             raise JobStateError(f"output {self.root!r} is a file; give a directory.")
@@ -243,7 +256,15 @@ class Ledger:
             foreign = self._foreign(owner is not None)
             if foreign:  # never deleted, never mixed with: not even --overwrite wipes them
                 raise JobStateError(foreign_error(redact(self.root), foreign, owner is not None))
-            if overwrite or (owner is not None and not self.read_entries()):
+            committed = owner is not None and bool(self.read_entries())
+            if overwrite and committed:
+                # The earlier results stay until this run commits its first unit: a run
+                # that fails before (a model that does not load) leaves them, less
+                # _SUCCESS (the location is being written again)
+                self._replacing = self._results()
+                self.unfinish()
+                return
+            if overwrite or (owner is not None and not committed):
                 # asked to, or the earlier job committed nothing: there is nothing to mix
                 self._wipe()
             elif owner is not None and owner.get("fingerprint") != fingerprint:
@@ -257,15 +278,40 @@ class Ledger:
                 return
         if is_local(self.fs):  # object stores have no directories to make
             make_dir(self.fs, self.meta)
-        self._write_json(
-            "job.json",
-            {
-                "fingerprint": fingerprint,
-                "job": description,
-                "units_total": units_total,
-                "created": time.time(),
-            },
-        )
+        self._write_json("job.json", self._job)
+
+    def _results(self) -> list[str]:
+        """Every file of the location that chute wrote (for :meth:`_replace`) but this
+        run's claim and ``job.json``: part files and temporaries, ``_errors/``'s files,
+        ``_chute/``'s (the ledger, the report, the manifest)."""
+        keep = (f"{self.meta}/{OWNERS_DIR}/", f"{self.meta}/job.json")
+        files: list[str] = []
+        for info in self._list(self.root):
+            if not written_by_chute(info.base_name, True):
+                continue
+            if info.is_file:
+                files.append(info.path)
+                continue
+            selector = pafs.FileSelector(info.path, recursive=True, allow_not_found=True)
+            inside = retrying(partial(self.fs.get_file_info, selector), f"listing {info.path}")
+            files += [i.path for i in inside if i.is_file and not i.path.startswith(keep)]
+        return files
+
+    def _replace(self) -> None:
+        """What ``--overwrite`` replaces goes, at this run's first commit: the earlier
+        ledger first (a run stopped after it finds a job that committed nothing, and
+        starts afresh), then this job's ``job.json`` is written, then the earlier results'
+        files go. Files this run wrote since its claim are not among them."""
+        old, self._replacing = self._replacing, None
+        if old is None:
+            return
+        self._guard()
+        ledger = (f"{self.meta}/{LEDGER_FILE}", f"{self.meta}/{LEDGER_DIR}/")
+        for path in [p for p in old if p.startswith(ledger)]:
+            retrying(partial(self._delete, path), f"removing {path}")
+        self._write_json("job.json", self._job)
+        for path in [p for p in old if not p.startswith(ledger)]:
+            retrying(partial(self._delete, path), f"removing {path}")
 
     def _wipe(self) -> None:
         """Empty the location for a fresh start, keeping the claims and ``job.json``.
@@ -361,6 +407,7 @@ class Ledger:
             return
         if self.lease is not None:
             self.lease.ensure()
+        self._replace()
         blob = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in batch).encode()
         if self.objects:
             if is_local(self.fs):
@@ -413,6 +460,7 @@ class Ledger:
 
     def _remove_orphans(self, sizes: dict[str, int | None]) -> int:
         keep = {f"{self.root}/{p}" for p in self.committed_parts()}
+        keep.update(self._replacing or ())  # the earlier results: until the first commit
         orphans = [path for path in sizes if _is_part(path.rpartition("/")[2]) and path not in keep]
         if orphans:
             self._guard()
@@ -451,6 +499,7 @@ class Ledger:
         """Write the report, the manifest and then the success marker (the caller has
         verified, with :meth:`reconcile`, that every file they name exists)."""
         self._guard()
+        self._replace()  # a job over no rows replaces the earlier results all the same
         self.save_report(report, html)
         self._write_json(MANIFEST, self.manifest(report.get("fingerprint")))
         retrying(lambda: put(self.fs, f"{self.root}/{SUCCESS}", b""), f"writing {SUCCESS}")
@@ -470,7 +519,8 @@ class Ledger:
         }
 
     def report(self) -> dict[str, Any] | None:
-        return self.read_json("report.json")
+        """The last run's report; none while ``--overwrite`` replaces the results."""
+        return None if self._replacing is not None else self.read_json("report.json")
 
 
 def _files(entry: dict[str, Any]) -> list[dict[str, Any]]:

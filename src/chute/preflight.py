@@ -137,7 +137,7 @@ def check_output(
     if foreign:
         raise JobStateError(foreign_error(where, foreign, claimed))
     if overwrite:
-        return f"output {where} will be overwritten"
+        return f"output {where} will be overwritten (at the run's first commit)"
     return _holds(fs, root, where, fingerprint, description)
 
 
