@@ -12,7 +12,7 @@ import difflib
 import errno
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -669,14 +669,15 @@ class FileSource:
         file lacks is left out, for the reader to name the drift (never filled with nulls)."""
         pinned = self._pinned()
         try:
-            try:
-                data = self._bytes_of(path, listed)
-                table = self._parse(data, path, columns, pinned, whole=False)
+            try:  # streamed from the file: its bytes are never all in memory at once
+                table = self._parse(self._opener(path, listed), columns, pinned, None)
             except pa.ArrowInvalid:
                 # Arrow parses in blocks of 1 MiB: a record longer than a block fails so
                 # ("straddles two block boundaries"). Parsed again as one block; what
                 # fails again is the file's own fault.
-                table = self._parse(data, path, columns, pinned, whole=True)
+                data = self._bytes_of(path, listed)
+                block = min(max(data.size, 1 << 20), WHOLE_BLOCK_MAX)
+                table = self._parse(lambda: pa.BufferReader(data), columns, pinned, block)
         except pa.ArrowInvalid as exc:
             if not pinned:
                 raise
@@ -686,27 +687,32 @@ class FileSource:
             return table
         return table.select([c for c in columns if c in table.column_names])
 
-    def _bytes_of(self, path: str, listed: int | None) -> pa.Buffer:
-        """The file's bytes (decompressed through its codec: ``.csv.gz``), read whole (as
-        Arrow reads a CSV or JSON file)."""
+    def _opener(self, path: str, listed: int | None) -> Callable[[], Any]:
+        """Opens the file afresh at each call, through its codec (``.csv.gz``)."""
         codec = _compression(path)
-        with self._open_unit(path, listed) as opened:
-            if codec is None:
-                return opened.read_buffer()
-            with pa.CompressedInputStream(opened, codec) as stream:
-                return stream.read_buffer()
+
+        def opened() -> Any:
+            handle = self._open_unit(path, listed)
+            return handle if codec is None else pa.CompressedInputStream(handle, codec)
+
+        return opened
+
+    def _bytes_of(self, path: str, listed: int | None) -> pa.Buffer:
+        """The file's bytes (decompressed through its codec), read whole."""
+        with self._opener(path, listed)() as stream:
+            return stream.read_buffer()
 
     def _parse(
         self,
-        data: pa.Buffer,
-        path: str,
+        opened: Callable[[], Any],
         columns: Sequence[str] | None,
         pinned: dict[str, pa.DataType],
-        whole: bool,
+        block: int | None,
     ) -> pa.Table:
-        block = min(max(data.size, 1 << 20), WHOLE_BLOCK_MAX) if whole else None
+        """The file parsed (``opened`` gives a fresh stream of its bytes), in blocks of
+        ``block`` bytes (``None``: Arrow's)."""
         if self.format == "csv":
-            return self._parse_csv(data, columns, pinned, block)
+            return self._parse_csv(opened, columns, pinned, block)
         read = pajson.ReadOptions(block_size=block) if block else None
 
         def parse(types: dict[str, pa.DataType]) -> pa.Table:
@@ -714,7 +720,8 @@ class FileSource:
                 explicit_schema=pa.schema(types) if types else None,
                 unexpected_field_behavior="infer",
             )
-            return pajson.read_json(pa.BufferReader(data), read_options=read, parse_options=options)
+            with opened() as stream:
+                return pajson.read_json(stream, read_options=read, parse_options=options)
 
         # Pinned first as declared only: a key no record of this file has stays absent
         # (drift), where an explicit schema would fill it with nulls. A text column that
@@ -730,7 +737,7 @@ class FileSource:
 
     def _parse_csv(
         self,
-        data: pa.Buffer,
+        opened: Callable[[], Any],
         columns: Sequence[str] | None,
         pinned: dict[str, pa.DataType],
         block: int | None,
@@ -739,20 +746,22 @@ class FileSource:
             convert = pacsv.ConvertOptions(
                 include_columns=include, include_missing_columns=False, column_types=pinned
             )
-            return pacsv.read_csv(
-                pa.BufferReader(data),
-                read_options=pacsv.ReadOptions(block_size=block) if block else None,
-                # Always: without it Arrow's parallel parse cuts a quoted field that holds
-                # a line break at a block boundary, and may do so in silence (a 40,000-row
-                # file read back 40,000 rows, one of them cut in two)
-                parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                convert_options=convert,
-            )
+            with opened() as stream:
+                return pacsv.read_csv(
+                    stream,
+                    read_options=pacsv.ReadOptions(block_size=block) if block else None,
+                    # Always: without it Arrow's parallel parse cuts a quoted field that
+                    # holds a line break at a block boundary, and may do so in silence (a
+                    # 40,000-row file read back 40,000 rows, one of them cut in two)
+                    parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                    convert_options=convert,
+                )
 
         try:
             return parse(list(columns) if columns else None)
         except pa.ArrowKeyError:  # a column the file lacks: left out, for the reader to name
-            header = pacsv.open_csv(pa.BufferReader(data)).schema.names
+            with opened() as stream:
+                header = pacsv.open_csv(stream).schema.names
             return parse([c for c in columns or () if c in header])
 
     def _pinned(self) -> dict[str, pa.DataType]:
