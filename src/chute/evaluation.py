@@ -105,11 +105,13 @@ class Evaluation:
 
 def owner(metric: Metric, models: Sequence[str], inputs: Sequence[str] = ()) -> str:
     """The model whose output the metric reads, else :data:`DATASET`. An input column
-    named like a model's output (``tip_amount`` beside model ``tip``) is not one."""
+    named like a model's output (``tip_amount`` beside model ``tip``) is not one; of two
+    models whose names both prefix the column (``tip`` and ``tip_v2`` for
+    ``tip_v2_score``), the longer name's (the other's would be ``tip_score``)."""
     for column in (c for c in metric.columns() if c not in inputs):
-        for model in models:
-            if column == model or column.startswith(model + "_"):
-                return model
+        makers = [m for m in models if column == m or column.startswith(m + "_")]
+        if makers:
+            return max(makers, key=len)
     return DATASET
 
 

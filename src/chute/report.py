@@ -367,12 +367,19 @@ def _headline(values: dict[str, Any]) -> str:
             f"{_headline(values.get('all', {}))} (by {values.get('by')}: "
             f"{len(values['groups'])} groups)"
         )
-    shown = [
-        f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
-        for k, v in values.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    scalars = [
+        (k, v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     ]
-    return ", ".join(shown[:6])
+    first = scalars[:6]
+    # what a value leaves out is never cut: rows skipped (null or NaN), scores clipped
+    warned = [(k, v) for k, v in scalars[6:] if k in CAVEATS and v]
+    return ", ".join(
+        f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in first + warned
+    )
+
+
+CAVEATS = frozenset({"skipped", "clipped", "not_probabilities", "nan_count"})
+"""Metric values that say what a result leaves out or bent: shown whenever not zero."""
 
 
 class RowsColumn(ProgressColumn):

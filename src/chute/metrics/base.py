@@ -105,7 +105,9 @@ def _floats(table: pa.Table, name: str, metric: str) -> tuple[Floats, Mask]:
             f"metric {metric!r} needs a numeric column, but {name!r} is {column.type}: "
             "point the metric at a numeric column."
         )
-    values = np.asarray(pc.fill_null(pc.cast(column, pa.float64()), 0.0).to_numpy(), np.float64)
+    # an integer past 2**53 becomes the nearest float (a safe cast refused it, after compute)
+    floats = pc.cast(column, pa.float64(), safe=False)
+    values = np.asarray(pc.fill_null(floats, 0.0).to_numpy(), np.float64)
     return values, ~np.asarray(pc.is_null(column).to_numpy(), bool) & np.isfinite(values)
 
 

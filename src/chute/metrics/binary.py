@@ -84,8 +84,9 @@ class ScoreSketch(_Binary):
     ``|AP_sketch - AP_exact| <= sum_b max(p*h - p*m, p*m - L) / P``, reported as
     ``pr_auc_error_bound``. Both bounds are measured against scikit-learn in the tests;
     with 2**14 bins over well spread scores they are of order 1e-5 (AUC) and 1e-4 (AP).
-    They hold against the exact values on the *clipped* scores: for logits or other
-    unbounded scores, set ``score_range`` so that ``clipped`` stays 0.
+    Once a score was clipped, the end bins hold scores that were not equal, and their
+    pairs count in both bounds too: for logits or other unbounded scores, the bounds say
+    how far off the sketch may be; set ``score_range`` so that ``clipped`` stays 0.
     """
 
     name = "score_sketch"
@@ -129,9 +130,10 @@ class ScoreSketch(_Binary):
 
     def result(self, state: State) -> dict[str, Any]:
         pos, neg = state["positives"], state["negatives"]
+        ties = not state["clipped"]  # else the end bins hold scores that were not equal
         return {
-            **_auc(pos, neg),
-            **_average_precision(pos, neg),
+            **_auc(pos, neg, ties),
+            **_average_precision(pos, neg, ties),
             "positives": int(pos.sum()),
             "negatives": int(neg.sum()),
             "skipped": state["skipped"],
@@ -161,25 +163,27 @@ def _cumulative(pos: Ints, neg: Ints) -> tuple[Floats, Floats]:
     return np.cumsum(pos[::-1])[keep].astype(float), np.cumsum(neg[::-1])[keep].astype(float)
 
 
-def _auc(pos: Ints, neg: Ints) -> dict[str, float | None]:
+def _auc(pos: Ints, neg: Ints, ties: bool = True) -> dict[str, float | None]:
+    """AUC and its bound; ``ties``: the end bins hold only exact ties (nothing clipped)."""
     total_pos, total_neg = float(pos.sum()), float(neg.sum())
     if not total_pos or not total_neg:
         return {"auc_roc": None, "auc_error_bound": None}
     p, n = pos.astype(float), neg.astype(float)
     below = np.cumsum(n) - n
     pairs = total_pos * total_neg
+    shared = p[1:-1] @ n[1:-1] if ties else p @ n
     return {
         "auc_roc": float(p @ (below + 0.5 * n) / pairs),
-        "auc_error_bound": float(0.5 * (p[1:-1] @ n[1:-1]) / pairs),  # end bins: exact ties
+        "auc_error_bound": float(0.5 * shared / pairs),
     }
 
 
-def _average_precision(pos: Ints, neg: Ints) -> dict[str, float | None]:
+def _average_precision(pos: Ints, neg: Ints, ties: bool = True) -> dict[str, float | None]:
     p, n = pos[::-1].astype(float), neg[::-1].astype(float)
     total = p.sum()
     if not total:
         return {"pr_auc": None, "pr_auc_error_bound": None}
-    inner = np.arange(len(p)) % (len(p) - 1) != 0  # the end bins hold exact ties
+    inner = np.arange(len(p)) % (len(p) - 1) != 0 if ties else np.ones(len(p), bool)
     keep = p > 0
     tp, fp = np.cumsum(p)[keep], np.cumsum(n)[keep]
     p, n = p[keep], n[keep]
