@@ -158,6 +158,21 @@ def test_classification_gives_logits_label_and_score(
     np.testing.assert_allclose(frame["mlp_score"].to_numpy(), probs.max(axis=1), atol=1e-5)
 
 
+def test_one_logit_is_a_binary_classifier(rows: pa.Table, tmp_path: Path) -> None:
+    """A softmax over one logit is 1: every row was labelled 0 with score 1.0."""
+    torch.manual_seed(3)
+    binary = MLP(width=8, classes=1).eval()
+    path = save_torchscript(binary, tmp_path / "b.ts")
+    logit = direct(binary, rows)[:, 0]
+    assert 0 < (logit > 0).sum() < ROWS
+    frame = run(rows, "local", path=path, task="classification", labels=["no", "yes"])
+    assert frame["mlp_label"].tolist() == ["yes" if v > 0 else "no" for v in logit]
+    np.testing.assert_allclose(frame["mlp_score"].to_numpy(), 1 / (1 + np.exp(-logit)), atol=1e-5)
+    np.testing.assert_allclose(frame["mlp_logits"].to_numpy(), logit, atol=1e-5)
+    with pytest.raises(chute.ModelError, match=r"one output .* has two classes"):
+        run(rows, "local", path=path, task="classification", labels=["a", "b", "c"])
+
+
 def test_regression_output_is_value(rows: pa.Table, tmp_path: Path) -> None:
     torch.manual_seed(2)
     regressor = MLP(width=8, classes=1).eval()

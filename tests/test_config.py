@@ -171,3 +171,21 @@ def test_a_job_file_refuses_a_key_given_twice_and_keeps_yaml_merge_keys(tmp_path
     listed.write_text("? [a, b]\n: 1\n")
     with pytest.raises(ConfigError, match="a key must be a name"):
         read_yaml(str(listed))
+
+
+def test_yes_and_no_in_a_job_file_are_text_and_true_and_false_are_booleans(
+    tmp_path: Any,
+) -> None:
+    """YAML 1.1 read `labels: [no, yes]` as False and True: a classifier's class names
+    were written as a bool column. Booleans are YAML 1.2's: true and false."""
+    from chute.config.yamlfile import read_yaml
+
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "labels: [no, yes, on, off, n, y]\nflags: [true, False, TRUE]\nchoice: {yes: no}\n"
+    )
+    assert read_yaml(str(path)) == {
+        "labels": ["no", "yes", "on", "off", "n", "y"],
+        "flags": [True, False, True],
+        "choice": {"yes": "no"},
+    }

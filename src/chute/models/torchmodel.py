@@ -23,6 +23,9 @@ moved to the replica's device (``cuda`` when it holds a GPU) and cast to ``dtype
 Outputs (named ``<model>_<column>``):
 
 * a 1-D output, or 2-D with one column: ``value`` (float32; integers stay integers);
+  with ``task: classification`` it is a binary classifier's logit: ``logits`` (it),
+  ``label`` (1 where it is positive, or its name from ``labels``: the negative class
+  first) and ``score`` (the positive class's probability: its sigmoid);
 * a 2-D output: ``output``, a fixed-size list of float32 (``embedding`` with
   ``task: embedding``); with ``task: classification`` instead ``logits`` (that list),
   ``label`` (the argmax, or its name from ``labels``) and ``score`` (its softmax
@@ -279,7 +282,10 @@ def tensor_columns(out: Any, task: str, labels: Sequence[Any] | None = None) -> 
 
     tensor = out.detach().cpu()
     array = tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
-    if array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1 and task == "regression"):
+    one = array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1)
+    if one and task == "classification" and tensor.is_floating_point():
+        return _binary_columns(array.reshape(-1), labels)  # a softmax of one is always 1
+    if one:
         return {"value": pa.array(array.reshape(-1))}
     values = fixed_size_list(array.reshape(array.shape[0], -1))
     if task == "embedding":
@@ -291,6 +297,20 @@ def tensor_columns(out: Any, task: str, labels: Sequence[Any] | None = None) -> 
     score = pa.array(probs[np.arange(len(index)), index].astype(np.float32))
     label = pa.array([labels[i] for i in index]) if labels else pa.array(index.astype(np.int64))
     return {"logits": values, "label": label, "score": score}
+
+
+def _binary_columns(logit: np.ndarray, labels: Sequence[Any] | None) -> dict[str, pa.Array]:
+    """One logit a row (a binary classifier): ``label`` 1 where it is positive, ``score``
+    the positive class's probability (its sigmoid), as every binary classifier's."""
+    if labels is not None and len(labels) != 2:
+        raise ModelError(
+            f"a classifier with one output (a logit) has two classes, but labels lists "
+            f"{len(labels)}: give two names, the negative class first."
+        )
+    score = (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32)
+    index = (logit > 0).astype(np.int64)
+    label = pa.array([labels[i] for i in index]) if labels else pa.array(index)
+    return {"logits": pa.array(logit.astype(np.float32)), "label": label, "score": pa.array(score)}
 
 
 def pad_lists(column: pa.Array, value: int) -> tuple[np.ndarray, np.ndarray]:
