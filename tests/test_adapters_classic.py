@@ -350,8 +350,81 @@ def test_booster_features_matched_by_name_and_width_checked(
     frame = run(data, adapter("xgboost", path=str(tmp_path / "m.json")), inputs=FEATURES[::-1])
     direct = booster.predict(xgboost.DMatrix(data["x"], feature_names=FEATURES))
     np.testing.assert_allclose(frame["m_value"], direct, atol=1e-5)
-    with pytest.raises(ModelError, match="expects 4 features but the model's inputs give 2"):
+    with pytest.raises(ModelError, match=r"trained on features named .* lack 'x2', 'x3'"):
         run(data, adapter("xgboost", path=str(tmp_path / "m.json")), inputs=["x0", "x1"])
+    data = {**data, "table": data["table"].append_column("y1", data["table"].column("x1"))}
+    with pytest.raises(ModelError, match=r"lack 'x1'"):
+        run(
+            data, adapter("xgboost", path=str(tmp_path / "m.json")), inputs=["x0", "y1", "x2", "x3"]
+        )
+    unnamed = xgboost.train({"nthread": 1}, xgboost.DMatrix(data["x"], data["value"]), 4)
+    unnamed.save_model(tmp_path / "unnamed.json")
+    with pytest.raises(ModelError, match="expects 4 features but the model's inputs give 2"):
+        run(data, adapter("xgboost", path=str(tmp_path / "unnamed.json")), inputs=["x0", "x1"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["xgboost", "lightgbm"])
+def test_a_named_feature_the_inputs_lack_is_refused_not_taken_by_position(
+    data: dict[str, Any], tmp_path: Path, kind: str
+) -> None:
+    """Trained on [x0, x1, x2] and given [x3, x1, x2], the booster took x3 for x0."""
+    names = FEATURES[:3]
+    frame = pd.DataFrame(data["x"][:, :3], columns=names)
+    if kind == "xgboost":
+        import xgboost
+
+        train = xgboost.DMatrix(frame, label=data["binary"])
+        xgboost.train({"objective": "binary:logistic"}, train, 4).save_model(tmp_path / "m.json")
+        path = str(tmp_path / "m.json")
+    else:
+        import lightgbm
+
+        booster = lightgbm.train(
+            {"objective": "binary", "verbose": -1}, lightgbm.Dataset(frame, data["binary"]), 4
+        )
+        path = str(booster.save_model(tmp_path / "m.txt") and tmp_path / "m.txt")
+    assert run(data, adapter(kind, path=path), inputs=names[::-1])["m_label"].notna().all()
+    with pytest.raises(ModelError, match=r"lack 'x0' .* name the model's inputs as its features"):
+        run(data, adapter(kind, path=path), inputs=["x3", "x1", "x2"])
+
+
+@pytest.mark.timeout(60)
+def test_an_xgboost_wrapper_predicts_as_its_predict_does(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    """Early stopping's best iteration and the wrapper's missing value were ignored: labels
+    and scores differed from the wrapper's own predict."""
+    import xgboost
+
+    x = data["x"].copy()
+    x[::7, 1] = -1.0  # what the wrapper is told stands for a missing value
+    table = data["table"].set_column(3, "x1", pa.array(x[:, 1]))
+    wrapper = xgboost.XGBClassifier(n_estimators=200, early_stopping_rounds=2, missing=-1.0)
+    wrapper.fit(x[:400], data["binary"][:400], eval_set=[(x[400:], data["binary"][400:])])
+    assert 0 < wrapper.best_iteration < wrapper.get_booster().num_boosted_rounds() - 1
+    wrapper.save_model(tmp_path / "m.json")
+    expected = wrapper.predict_proba(x)[:, 1]
+    pickled = _pickled(tmp_path, wrapper, "m.pkl")
+    for spec, want in (
+        (adapter("xgboost", path=pickled, trust_pickle=True), expected),
+        (adapter("xgboost", path=str(tmp_path / "m.json")), None),  # missing: not in a file
+    ):
+        model = Model("m", spec, inputs=INPUTS)
+        frame = chute.predict(table, model, engine="local")
+        if want is None:  # the file's trees are the best iteration's, as the wrapper's
+            loaded = xgboost.XGBClassifier()
+            loaded.load_model(tmp_path / "m.json")
+            want = loaded.predict_proba(x)[:, 1]
+        np.testing.assert_allclose(frame["m_score"], want, atol=1e-6)
+    booster = wrapper.get_booster()
+    booster.set_attr(scikit_learn=None)  # an xgboost.train booster: all its trees
+    booster.save_model(tmp_path / "trained.json")
+    frame = chute.predict(
+        table, Model("m", adapter("xgboost", path=str(tmp_path / "trained.json")), inputs=INPUTS)
+    )
+    direct = booster.predict(xgboost.DMatrix(x))
+    np.testing.assert_allclose(frame["m_score"], direct, atol=1e-6)
 
 
 def test_xgboost_gpu_request_without_cuda_build_fails_clearly(

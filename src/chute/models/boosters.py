@@ -16,7 +16,12 @@ The outputs follow the model's objective:
 - anything else (regression, counts, ranking): ``value``.
 
 Labels are class indices, or the names in ``classes`` (index order). Features are matched
-by name when the model file names them and the inputs have every one, else by position.
+by name when the model file names them, else by position (also when the inputs have none
+of the names); inputs that have some of the names but lack others are refused. A model
+saved by XGBoost's scikit-learn wrapper (pickled, or its ``.json``) predicts with the trees
+up to its early-stopping best iteration, and a pickled wrapper's ``missing`` value, as the
+wrapper's ``predict`` does; a booster of ``xgboost.train`` predicts with all its trees, as
+``Booster.predict`` does.
 XGBoost and LightGBM run with the replica's CPU count as threads; XGBoost predicts on the
 GPU when the replica holds one. Files are native (``.json``/``.ubj`` for XGBoost, ``.txt``
 for LightGBM); pickled scikit-learn wrappers (``XGBClassifier``, ``LGBMClassifier``) load
@@ -63,6 +68,8 @@ class _Booster(FileAdapter):
     def load(self) -> None:
         self.classes: list[Any] | None = check_classes(self.options.get("classes"))
         self.threshold = check_threshold(self.options.get("threshold"))
+        self.missing = np.nan
+        """The value that stands for a missing feature (a wrapper's ``missing``)."""
         if is_pickle(self.path):
             self._from_wrapper(load_pickle(self.kind, self.path, self.options))
         else:
@@ -117,9 +124,17 @@ class XGBoostAdapter(_Booster):
         self.booster = model.get_booster()
         if self.classes is None and getattr(model, "classes_", None) is not None:
             self.classes = list(model.classes_)
+        missing = getattr(model, "missing", np.nan)
+        self.missing = np.nan if missing is None else float(missing)
         self._setup()
 
     def _setup(self) -> None:
+        # What the scikit-learn wrapper's predict uses (pickled, or saved by it: its
+        # file says so): the trees up to the best iteration of early stopping. A
+        # booster of xgboost.train predicts with all its trees, as Booster.predict does.
+        best = self.booster.attr("best_iteration")
+        wrapped = is_pickle(self.path) or self.booster.attr("scikit_learn") is not None
+        self.trees = (0, int(best) + 1) if best is not None and wrapped else (0, 0)
         params: dict[str, Any] = {"nthread": self.context.threads}
         if self.context.device == "cuda":
             _check_xgboost_cuda(self.context.model)
@@ -135,7 +150,10 @@ class XGBoostAdapter(_Booster):
 
     def _raw(self, features: np.ndarray) -> np.ndarray:
         self._check_width(features.shape[1], self.booster.num_features())
-        return np.asarray(self.booster.inplace_predict(features, validate_features=False))
+        predicted = self.booster.inplace_predict(
+            features, iteration_range=self.trees, missing=self.missing, validate_features=False
+        )
+        return np.asarray(predicted)
 
     def _cut(self) -> float | None:
         return 0.0 if self.objective == "binary:logitraw" else None

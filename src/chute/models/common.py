@@ -15,6 +15,7 @@ Conventions for what comes out (the model's name prefixes each column):
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -144,12 +145,30 @@ def feature_matrix(batch: pa.Table, dtype: Any = None) -> np.ndarray:
     return matrix.astype(dtype, copy=False) if dtype is not None else matrix
 
 
+_UNNAMED = re.compile(r"(?:Column_|f)\d+")
+"""Feature names a booster makes up for features given without names (LightGBM's
+``Column_0``, XGBoost's ``f0``): they say nothing of which column is which."""
+
+
 def ordered_by_names(batch: pa.Table, names: Sequence[str] | None) -> pa.Table:
-    """The batch's columns in the order the model was trained on, when it knows their names
-    and the batch has all of them; otherwise the columns as given."""
-    if names and all(n in batch.column_names for n in names):
-        return batch.select(list(names))
-    return batch
+    """The batch's columns in the order the model was trained on, when it knows their
+    names and the inputs have them; the columns as given (by position) when the model
+    does not know them, or the inputs have none of them (names the input calls
+    otherwise). Inputs that have some of them but lack others are refused: taken by
+    position, another column would stand in for a missing one, in silence."""
+    if not names or all(_UNNAMED.fullmatch(n) for n in names):
+        return batch
+    missing = [n for n in names if n not in batch.column_names]
+    if len(missing) == len(names):
+        return batch
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:5])
+        raise ModelError(
+            f"the model was trained on features named {list(names)[:8]}, and the inputs lack "
+            f"{shown} (they give {batch.column_names[:8]}): name the model's inputs as its "
+            "features (rename columns in a preprocess step if the input calls them otherwise)."
+        )
+    return batch.select(list(names))
 
 
 def classify(
