@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import chute
@@ -459,6 +460,7 @@ def test_two_input_columns_are_refused(classifier: str) -> None:
 LOADING_RACE = """
 import sys, threading
 import pyarrow as pa
+import pyarrow.parquet as pq
 from chute.models import ReplicaContext
 from chute.models.sbert import SentenceTransformersAdapter, Tokenize
 
@@ -588,3 +590,32 @@ def test_vllm_without_vllm_names_the_extra(tmp_path: Path) -> None:
     model = chute.Model("llm", adapter("vllm", path=str(tmp_path)), inputs=["text"])
     with pytest.raises(chute.ConfigError, match=r"pip install 'chute\[vllm\]'"):
         chute.predict(texts_table(), model, engine="local")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["transformers", "sentence-transformers"])
+def test_a_null_text_is_that_rows_error_not_the_text_none(
+    classifier: str, kind: str, tmp_path: Path
+) -> None:
+    """A null text was turned into the string 'None' and given its prediction."""
+    texts = [SENTENCES[i % len(SENTENCES)] for i in range(8)]
+    table = pa.table({"id": np.arange(8), "text": [*texts[:5], None, *texts[6:]]})
+    if kind == "transformers":
+        spec = adapter(kind, path=classifier, task="text-classification")
+    else:
+        spec = adapter(kind, path=minilm_dir())
+    model = chute.Model("m", spec, inputs=["text"], on_error="quarantine", batch_size=4)
+    out = tmp_path / "out"
+    report = chute.Job(
+        source=chute.TableSource(table),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine="local",
+    ).run()
+    errors = pq.read_table(out / "_errors")
+    assert report.rows_failed == 1 and errors.column("id").to_pylist() == [5]
+    assert "holds a null" in errors.column("error_message")[0].as_py()
+    assert sorted(pq.read_table(out).column("id").to_pylist()) == [0, 1, 2, 3, 4, 6, 7]
+    with pytest.raises(chute.ChuteError, match=r"holds a null .* on_error: quarantine"):
+        chute.predict(table, chute.Model("m", spec, inputs=["text"]), engine="local")

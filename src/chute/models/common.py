@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, ModelError, did_you_mean
+from chute.errors import ConfigError, DataError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.pickles import refuse_untrusted, trusts_pickle
 
@@ -255,3 +255,22 @@ def float32_rows(values: np.ndarray) -> np.ndarray:
     if values.ndim == 2 and np.issubdtype(values.dtype, np.floating):
         return np.ascontiguousarray(values, dtype=np.float32)
     return values
+
+
+def text_column(batch: pa.Table, model: str) -> list[str]:
+    """The batch's one text column as Python strings; a null is the row's error (never the
+    text ``'None'``), for ``on_error`` to stop the run or set the row aside."""
+    if batch.num_columns != 1:
+        raise ModelError(
+            f"model {model!r} takes one text column, got {batch.column_names}: "
+            "set `inputs: [<text column>]`."
+        )
+    column = batch.column(0)
+    if column.null_count:
+        raise DataError(
+            f"model {model!r}: its text column {batch.column_names[0]!r} holds a null (row "
+            f"{column.is_null().index(True).as_py()} of the batch); a null is no text, and "
+            "'None' is not its text. Drop or fill such rows in a preprocess step, or set "
+            "on_error: quarantine to set them aside."
+        )
+    return [str(text) for text in column.to_pylist()]

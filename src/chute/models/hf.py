@@ -48,7 +48,7 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns
-from chute.models.common import rename
+from chute.models.common import rename, text_column
 from chute.models.sbert import LOADING, offline_hub
 from chute.models.torchmodel import DTYPES, check_options, fixed_size_list, pad_lists
 
@@ -135,7 +135,7 @@ class Prepare:
         processor = _processor(self.path, self.task)
         if self.task == "image-classification":
             return self._images(processor, batch.column(0))
-        return self._texts(processor, [str(t) for t in batch.column(0).to_pylist()])
+        return self._texts(processor, text_column(batch, self.model))
 
     def _texts(self, tokenizer: Any, texts: list[str]) -> dict[str, pa.Array]:
         limit = {"truncation": True, "max_length": self.max_length} if self.max_length else {}

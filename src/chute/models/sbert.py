@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, ModelError
+from chute.errors import ConfigError
 from chute.models.base import PREPARED, Adapter, ReplicaContext, prepared_columns
-from chute.models.common import rename, renamed
+from chute.models.common import rename, renamed, text_column
 from chute.models.torchmodel import check_options, fixed_size_list, pad_lists
 
 log = logging.getLogger(__name__)
@@ -55,16 +55,6 @@ def offline_hub() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-
-def text_column(batch: pa.Table, model: str) -> list[str]:
-    """The batch's one text column as Python strings."""
-    if batch.num_columns != 1:
-        raise ModelError(
-            f"model {model!r} takes one text column, got {batch.column_names}: "
-            "set `inputs: [<text column>]`."
-        )
-    return [str(text) for text in batch.column(0).to_pylist()]
 
 
 @functools.lru_cache(maxsize=8)
