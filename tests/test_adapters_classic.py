@@ -555,6 +555,36 @@ def test_onnx_named_inputs_from_feeds(data: dict[str, Any], tmp_path: Path) -> N
         run(data, adapter("onnx", path=str(tmp_path / "two.onnx")), inputs=["x0", "x1", "x3"])
 
 
+@pytest.mark.timeout(60)
+def test_an_integer_graph_input_refuses_values_that_are_not_integers(tmp_path: Path) -> None:
+    """[1, null, 3] gave [10, 0, 30] (a null became the smallest int64, times ten: 0) and
+    [1.7, 2.2] gave [10, 20]: the cast to the graph's int64 was never checked."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "ten"], ["y"])],
+        "times_ten",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["N", 1])],
+        [helper.make_tensor("ten", TensorProto.INT64, [1], [10])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "ten.onnx")
+    spec = adapter("onnx", path=str(tmp_path / "ten.onnx"))
+
+    def predict(values: list[Any]) -> list[Any]:
+        table = pa.table({"v": values})
+        frame = chute.predict(table, Model("m", spec, inputs=["v"]), engine="local")
+        return list(frame["m_y"])
+
+    assert predict([1, 2, 3]) == predict([1.0, 2.0, 3.0]) == [10, 20, 30]
+    for values, shown in (([1, None, 3], "nan"), ([1.7, 2.2], "1.7"), ([2.0**70], "1.18")):
+        with pytest.raises(chute.ChuteError, match=rf"column 'v' holds \[{shown}.* int64"):
+            predict(values)
+
+
 def _image_graph(path: Path) -> None:
     """total = sum of a [N, 1, 2, 2] image; scaled = the image times 3 (same shape)."""
     import onnx

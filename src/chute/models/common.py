@@ -141,8 +141,29 @@ def feature_matrix(batch: pa.Table, dtype: Any = None) -> np.ndarray:
     blocks = [column_matrix(batch.column(n), n) for n in batch.column_names]
     if not blocks:
         raise ModelError("the model has no input columns: list them in the model's inputs.")
+    if dtype is not None and np.dtype(dtype).kind in "iu":  # cast one by one, each checked
+        blocks = [
+            _integers(b, np.dtype(dtype), n)
+            for b, n in zip(blocks, batch.column_names, strict=True)
+        ]
     matrix = np.hstack(blocks) if len(blocks) > 1 else blocks[0]
     return matrix.astype(dtype, copy=False) if dtype is not None else matrix
+
+
+def _integers(block: np.ndarray, dtype: np.dtype[Any], name: str) -> np.ndarray:
+    """``block`` as the integers a model's input takes, refused unless every value is one
+    (a cast would cut 1.7 to 1, and make a null or NaN the smallest integer)."""
+    cast = block.astype(dtype)
+    same = cast.astype(block.dtype) == block
+    if same.all():
+        return cast
+    row = int(np.flatnonzero(~same.all(axis=1))[0])
+    raise DataError(
+        f"column {name!r} holds {block[row].tolist()!r} at row {row} of the batch, where the "
+        f"model takes {dtype} integers: a null, NaN, fraction or out-of-range value is no "
+        "such integer. Fill or round it in a preprocess step, or give the model a "
+        "floating-point input."
+    )
 
 
 _UNNAMED = re.compile(r"(?:Column_|f)\d+")
