@@ -132,6 +132,14 @@ def test_sklearn_string_labels_threshold_and_renamed_outputs(
     assert list(frame.columns) == ["id", "name", "m_label", "m_p_yes"]
     np.testing.assert_array_equal(frame["m_label"], np.where(p_yes >= 0.8, "yes", "no"))
     np.testing.assert_allclose(frame["m_p_yes"], p_yes, atol=1e-5)
+    # two outputs under one name: the probabilities replaced the labels in silence
+    with pytest.raises(ModelError, match="'label' and 'score' would both be named 'label'"):
+        run(data, adapter("sklearn", path=_skops(tmp_path, clf), outputs={"score": "label"}))
+    with pytest.raises(ConfigError, match="'label' and 'score' would both be named 'p'"):
+        run(
+            data,
+            adapter("sklearn", path=_skops(tmp_path, clf), outputs={"label": "p", "score": "p"}),
+        )
 
 
 @pytest.mark.timeout(60)

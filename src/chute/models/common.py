@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, DataError, ModelError, did_you_mean
+from chute.errors import ChuteError, ConfigError, DataError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.pickles import refuse_untrusted, trusts_pickle
 
@@ -99,6 +99,7 @@ class FileAdapter(Adapter):
                     f"outputs: model type {cls.kind!r} has no output {key!r}."
                     f"{did_you_mean(str(key), cls.OUTPUTS)} Its outputs: {', '.join(cls.OUTPUTS)}."
                 )
+        _one_each(list(renames), renames, ConfigError)  # the rest: as outputs come
 
 
 def renamed(names: Sequence[str], options: Mapping[str, Any]) -> list[str]:
@@ -111,12 +112,25 @@ def renamed(names: Sequence[str], options: Mapping[str, Any]) -> list[str]:
 
 def rename(columns: Mapping[str, Any], renames: Mapping[str, str | None]) -> dict[str, Any]:
     """Apply ``outputs:``: rename columns, drop those mapped to ``None``."""
-    out: dict[str, Any] = {}
-    for name, values in columns.items():
+    _one_each(list(columns), renames, ModelError)
+    return {new: v for name, v in columns.items() if (new := renames.get(name, name)) is not None}
+
+
+def _one_each(
+    names: Sequence[str], renames: Mapping[str, str | None], error: type[ChuteError]
+) -> None:
+    """Refuse renames that give two outputs one name: one would replace the other."""
+    seen: dict[str, str] = {}
+    for name in names:
         new = renames.get(name, name)
-        if new is not None:
-            out[new] = values
-    return out
+        if new is None:
+            continue
+        if new in seen:
+            raise error(
+                f"outputs: {seen[new]!r} and {name!r} would both be named {new!r}, and one "
+                "would replace the other: give each its own name (or null to drop one)."
+            )
+        seen[new] = name
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
