@@ -441,6 +441,30 @@ def test_a_pandas_batch_never_takes_the_index_pandas_stored_in_the_file(
     np.testing.assert_array_equal(got["d_twice"].to_numpy(), got["x"].to_numpy() * 2)
 
 
+def sorted_from_arrow(batch: Any) -> Any:
+    """An Arrow-batch model that answers through pandas, sorted: its index is the rows'
+    places (0..n-1) in another order."""
+    return batch.to_pandas()["x"].sort_values(ascending=False) * 2
+
+
+def two_outputs(batch: Any) -> Any:
+    return batch["x"] * 2, batch["x"] * 3
+
+
+@pytest.mark.timeout(60)
+def test_an_arrow_model_answering_in_pandas_order_and_a_tuple_are_not_taken_by_position() -> None:
+    """The sorted Series of an Arrow batch was taken by position (every row got another
+    row's answer); a tuple of two outputs from a batch of two rows was transposed (row 0
+    got both rows' first output)."""
+    table = pa.table({"x": np.arange(1, 1_001) * 10})
+    model = chute.Model("m", sorted_from_arrow, inputs=("x",), batch_format="pyarrow")
+    got = chute.predict(table, model, engine="local").sort_values("x")
+    np.testing.assert_array_equal(got["m"].to_numpy(), got["x"].to_numpy() * 2)
+    model = chute.Model("m", two_outputs, inputs=("x",), batch_format="numpy", batch_size=2)
+    with pytest.raises(chute.ModelError, match="returned a tuple of 2; return a dict"):
+        chute.predict(table, model, engine="local")
+
+
 # ------------------------------------------------------------------ 3. kinds of model
 
 

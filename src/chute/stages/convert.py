@@ -43,11 +43,16 @@ def to_columns(
     """Normalize what a user function returned into named Arrow arrays of ``num_rows``
     (given the pandas ``batch`` it was called with, a result in another row order is put
     back in the batch's: :func:`_in_batch_order`)."""
-    out = _in_batch_order(out, batch)
+    out = _in_batch_order(out, batch, num_rows)
     if out is None:
         raise ModelError(
             f"{who} returned None; return a dict of columns, a DataFrame, an Arrow table or "
             "an array."
+        )
+    if isinstance(out, tuple):  # `return a, b`: two outputs, or two rows? Never guessed
+        raise ModelError(
+            f"{who} returned a tuple of {len(out)}; return a dict that names each output "
+            "({'a': ..., 'b': ...}), or one array (a list or array of one value per row)."
         )
     if isinstance(out, (pa.Table, pa.RecordBatch)):
         items: list[tuple[str | None, Any]] = list(zip(out.column_names, out.columns, strict=True))
@@ -70,18 +75,21 @@ def to_columns(
     return columns
 
 
-def _in_batch_order(out: Any, batch: Any) -> Any:
+def _in_batch_order(out: Any, batch: Any, num_rows: int) -> Any:
     """A pandas result whose index is the batch's in another order (a sort, a groupby, a
     shuffle inside the model) in the batch's order: taken by position, its values would
-    be attached to other rows. Any other index is the model's own: taken by position. A
-    dict's Series values are each put in order the same way."""
-    if type(batch).__name__ != "DataFrame":
-        return out
+    be attached to other rows. The batch's index is its own for a pandas batch, else the
+    rows' places (``0..n-1``, as ``to_pandas()`` gives them). Any other index is the
+    model's own: taken by position. A dict's Series values are each put in order the same
+    way."""
     if isinstance(out, dict):  # {"y": series.sort_values()}: each value by its index too
-        return {key: _in_batch_order(value, batch) for key, value in out.items()}
+        return {key: _in_batch_order(value, batch, num_rows) for key, value in out.items()}
     if type(out).__name__ not in ("DataFrame", "Series"):
         return out
-    index, wanted = out.index, batch.index
+    import pandas as pd
+
+    index = out.index
+    wanted = batch.index if type(batch).__name__ == "DataFrame" else pd.RangeIndex(num_rows)
     if index.equals(wanted) or len(index) != len(wanted) or not index.is_unique:
         return out
     if not wanted.is_unique or not index.isin(wanted).all():
