@@ -124,3 +124,32 @@ def test_a_model_that_writes_into_its_batch_gets_fresh_rows_on_every_call() -> N
     assert _failed(out) == [1_000]
     p = out.column("m_p").to_pylist()
     assert [p[i] for i in (0, 999, 1_001, N - 1)] == [0, 1_998, 2_002, 2 * (N - 1)]
+
+
+def _sums(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"s": batch["v"].sum(axis=1)}
+
+
+@pytest.mark.timeout(60)
+def test_a_null_list_is_that_rows_error_not_a_shift_of_every_later_row(tmp_path: Path) -> None:
+    """flatten() left a null list out of a NumPy batch: the model got one row fewer, the
+    error blamed the model, and under quarantine the whole job failed."""
+    lists = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(16, dtype=np.float32)), 2)
+    vectors = pa.array([None if i == 5 else v for i, v in enumerate(lists.to_pylist())], lists.type)
+    table = pa.table({"id": np.arange(8), "v": vectors})
+    model = Model("m", _sums, inputs=["v"], batch_format="numpy", on_error="quarantine")
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(table),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine="local",
+    )
+    assert job.run().rows_failed == 1
+    errors = pq.read_table(out / "_errors")
+    assert errors.column("id").to_pylist() == [5]
+    assert "column 'v'" in errors.column("error_message")[0].as_py()
+    got = pq.read_table(out).sort_by("id")
+    assert got.column("id").to_pylist() == [0, 1, 2, 3, 4, 6, 7]
+    assert got.column("m_s").to_pylist() == [4.0 * i + 1 for i in (0, 1, 2, 3, 4, 6, 7)]

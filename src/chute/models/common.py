@@ -140,6 +140,13 @@ def column_matrix(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
         return np.asarray(array.to_numpy_ndarray()).reshape(len(array), -1)
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
+        if array.null_count:  # flatten() leaves a null list out: every later row would shift
+            raise DataError(
+                f"column {name!r} holds a null list at row "
+                f"{array.is_null().index(True).as_py()} of the batch: a model's features "
+                "need a value in every row. Fill or drop such rows in a preprocess step, or "
+                "set on_error: quarantine to set them aside."
+            )
         flat = np.asarray(array.flatten().to_numpy(zero_copy_only=False))
         return flat.reshape(len(array), width)
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from chute.errors import ModelError
+from chute.errors import DataError, ModelError
 from chute.job import BatchFormat
 
 
@@ -24,15 +24,22 @@ def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
         frame = table.to_pandas()
         frame.index = pd.RangeIndex(len(frame))
         return frame
-    return {name: _to_numpy(table.column(name)) for name in table.column_names}
+    return {name: _to_numpy(table.column(name), name) for name in table.column_names}
 
 
-def _to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+def _to_numpy(column: pa.ChunkedArray, name: str) -> np.ndarray:
     if isinstance(column.type, pa.FixedShapeTensorType):  # images: (rows, height, width, ch)
         return np.asarray(column.combine_chunks().to_numpy_ndarray())
     if pa.types.is_fixed_size_list(column.type):
         arr = column.combine_chunks()
         width = column.type.list_size
+        if arr.null_count:  # flatten() leaves a null list out: every later row would shift
+            row = arr.is_null().index(True).as_py()
+            raise DataError(
+                f"column {name!r} ({column.type}) holds a null list at row {row} of the batch: "
+                "a model's array needs a value in every row. Fill or drop such rows in a "
+                "preprocess step, or set on_error: quarantine to set them aside."
+            )
         return np.asarray(arr.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)
     return np.asarray(column.to_numpy())
 

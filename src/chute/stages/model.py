@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.deadline import BatchTimeout, Caller
-from chute.errors import ChuteError, ConfigError, ModelError
+from chute.errors import ChuteError, ConfigError, DataError, ModelError
 from chute.job import AUTO_BATCH_ROWS, DEFAULT_BATCH_ROWS, BatchFormat, Model
 from chute.models import AdapterSpec, ReplicaContext
 from chute.models.base import PREPARED, ROW, torch_threads
@@ -278,7 +278,10 @@ class ModelStage:
         into its input cannot change a later call's rows); other formats as usual."""
         if self.batch_format != "numpy":
             return lambda lo, hi: None
-        whole = to_format(self._model_view(view), "numpy")
+        try:
+            whole = to_format(self._model_view(view), "numpy")
+        except DataError:  # a row no array can hold (a null list): each slice on its own
+            return lambda lo, hi: None
         return lambda lo, hi: {name: array[lo:hi].copy() for name, array in whole.items()}
 
     def _call(self, batch: Any) -> Any:
