@@ -173,6 +173,25 @@ def test_one_logit_is_a_binary_classifier(rows: pa.Table, tmp_path: Path) -> Non
         run(rows, "local", path=path, task="classification", labels=["a", "b", "c"])
 
 
+class Normed(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(FEATURES, 4), torch.nn.BatchNorm1d(4)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.linear(x)))
+
+
+def test_a_program_exported_in_training_mode_is_refused(rows: pa.Table, tmp_path: Path) -> None:
+    """Its batch norm and dropout ran as in training: two runs differed by up to 3.19."""
+    evaluated = run(rows, "local", path=save_exported(Normed().eval(), tmp_path / "eval.pt2"))
+    assert evaluated["mlp_output"].notna().all()
+    path = save_exported(Normed().train(), tmp_path / "train.pt2")
+    with pytest.raises(chute.ModelError, match=r"exported in training mode .* after model.eval"):
+        run(rows, "local", path=path)
+
+
 def test_regression_output_is_value(rows: pa.Table, tmp_path: Path) -> None:
     torch.manual_seed(2)
     regressor = MLP(width=8, classes=1).eval()

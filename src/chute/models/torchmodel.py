@@ -153,6 +153,26 @@ class TorchAdapter(Adapter):
         return found
 
 
+_TRAINING_FLAG = {"dropout": 2, "feature_dropout": 2, "alpha_dropout": 2, "batch_norm": 5}
+"""Operators whose argument at this place says they run as in training (an exported
+program keeps it: ``eval()`` cannot change it once exported)."""
+
+
+def _check_inference(program: Any, path: str, model: str) -> None:
+    """Refuse a program exported in training mode: its dropout drops values at random and
+    its batch norm normalizes by each batch, so a row's output would depend on the batch."""
+    for node in program.graph.nodes:
+        name = getattr(getattr(node, "target", None), "__name__", "").split(".")[0]
+        place = _TRAINING_FLAG.get(name)
+        flags = node.args[place:] if place is not None else ()
+        if node.op == "call_function" and flags and flags[0] is True:
+            raise ModelError(
+                f"model {model!r}: {path!r} was exported in training mode (its {name} "
+                "runs as in training, so each row's output would depend on its batch "
+                "and on chance). Export it again after model.eval()."
+            )
+
+
 def load_module(options: Mapping[str, Any], model: str) -> Any:
     """The ``torch.nn.Module`` (or scripted / exported module) the options describe."""
     if "path" not in options:
@@ -163,7 +183,9 @@ def load_module(options: Mapping[str, Any], model: str) -> Any:
     if _is_exported_file(path):
         import torch
 
-        return torch.export.load(path).module()
+        program = torch.export.load(path)
+        _check_inference(program, path, model)
+        return program.module()
     if _archive_holds(path, "/constants.pkl"):
         import torch
 
