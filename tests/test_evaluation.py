@@ -350,3 +350,51 @@ def test_a_batch_whose_rows_all_fail_is_measured_as_no_rows(engine: str, tmp_pat
     assert got["count"] == 10
     want = log_loss(np.arange(10) % 2, np.arange(10) / 100.0, labels=[0, 1])
     assert got["log_loss"] == pytest.approx(want, rel=1e-12)
+
+
+def _scores_failing_on_sevens(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if (batch["x"] % 7 == 0).any():
+        raise ValueError("a seven")
+    return {"score": batch["x"] / 100}
+
+
+def _score_again(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"score": 1 - batch["x"] / 100}
+
+
+@pytest.mark.timeout(60)
+def test_metrics_name_their_model_and_say_what_they_leave_out(tmp_path: Path) -> None:
+    """A metric on tip_v2's column was reported as tip's (the first model whose name
+    prefixed it); rows a model failed on left every metric without a word; a clipped
+    logit gave AUC 0.763 with an error bound of 4e-7 (exact: 0.828)."""
+    x = np.arange(100)
+    table = pa.table({"x": x, "y": (x % 3 == 0).astype(np.int8)})
+    models = (
+        chute.Model(
+            "tip",
+            _scores_failing_on_sevens,
+            inputs=("x",),
+            batch_format="numpy",
+            on_error="quarantine",
+        ),
+        chute.Model("tip_v2", _score_again, inputs=("x",), batch_format="numpy"),
+    )
+    metrics = (
+        M.AucRoc("y", "tip_v2_score"),
+        M.AucRoc("y", "tip_score", name="clipped", score_range=(0.0, 0.5)),
+        M.ColumnStats("x"),
+    )
+    report = chute.Job(
+        source=chute.TableSource(table), models=models, metrics=metrics, engine="local"
+    ).run()
+    assert set(report.metrics) == {"tip", "tip_v2", "dataset"}
+    assert "auc_roc" in report.metrics["tip_v2"] and "clipped" in report.metrics["tip"]
+    kept = x[x % 7 != 0]
+    assert report.metrics["dataset"]["column_stats"]["count"] == len(kept)
+    rows = dict(report.rows())
+    assert rows["metrics"] == f"over the rows written: the {100 - len(kept)} failed left out"
+    clipped = report.metrics["tip"]["clipped"]
+    exact = roc_auc_score(kept % 3 == 0, kept / 100)
+    assert clipped["clipped"] > 0 and "clipped=" in rows["tip: clipped"]
+    assert abs(clipped["auc_roc"] - exact) <= clipped["auc_error_bound"]
+    assert abs(clipped["auc_roc"] - exact) > 1e-3  # the bound is honest, not small

@@ -298,6 +298,9 @@ class Report:
                 (f"{kind}: {name}", text)
                 for kind, text in counter_lines(stats.counters, self.wall_seconds)
             ]
+        failed = (self.totals or {}).get("rows_failed", self.rows_failed)
+        if self.metrics and failed:  # a failed row is in no metric, input-only ones included
+            rows.append(("metrics", f"over the rows written: the {failed:,} failed left out"))
         for owner, metrics in self.metrics.items():
             rows += [(f"{owner}: {name}", _headline(values)) for name, values in metrics.items()]
         rows.append(("status", "complete" if self.complete else "INCOMPLETE"))
