@@ -115,3 +115,21 @@ def test_chute_run_prints_where_the_html_report_is(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     html = tmp_path / "out" / "_chute" / "report.html"
     assert f"HTML report   │ {html}" in result.output and html.exists()
+
+
+def test_two_sliced_metrics_that_give_one_value_each_get_their_own_column() -> None:
+    """The second auc_roc sliced by the same column was left out of the table."""
+    from chute.htmlreport import _sliced
+
+    def sliced(east: float, west: float, log_loss: float) -> dict[str, object]:
+        groups = {"east": {"auc_roc": east}, "west": {"auc_roc": west}}
+        return {
+            "by": "region",
+            "all": {"auc_roc": (east + west) / 2, "x": log_loss},
+            "groups": groups,
+        }
+
+    table = "".join(_sliced([("a", sliced(0.6, 0.8, 1.0)), ("b", sliced(0.7, 0.9, 1.0))]))
+    head = re.findall(r"<th>([^<]*)</th>", table.split("</tr>")[0])
+    assert head == ["region", "a · auc_roc", "x", "b · auc_roc"]  # the same x: shown once
+    assert "0.9" in table and "0.8" in table

@@ -353,6 +353,11 @@ def _metrics(metrics: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "".join(out)
 
 
+def _slice_value(values: dict[str, Any], label: str, key: str) -> str:
+    found = values["all"] if label == "all" else values["groups"].get(label, {})
+    return _fmt(dict(_scalars(found)).get(key))
+
+
 def _sliced(metrics: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One slice × metric table per slicing column: a row per slice (``all`` first)."""
     by_column: dict[str, list[tuple[str, dict[str, Any]]]] = {}
@@ -360,21 +365,18 @@ def _sliced(metrics: list[tuple[str, dict[str, Any]]]) -> list[str]:
         by_column.setdefault(str(values.get("by")), []).append((name, values))
     out = []
     for column, group in by_column.items():
-        columns: dict[str, str] = {}  # value -> the metric that gives it (auc_roc once)
+        slices = ["all", *sorted({s for _, v in group for s in v["groups"]})]
+        kept: list[tuple[str, str, list[str]]] = []  # (metric, value, a cell per slice)
         for name, values in group:
             for key, _ in _scalars(values.get("all", {})):
-                if not key.endswith(HIDDEN_IN_SLICES):
-                    columns.setdefault(key, name)
-        slices = ["all", *sorted({s for _, v in group for s in v["groups"]})]
-        head = [column, *columns]
-        rows = []
-        for label in slices:
-            cells = []
-            for key, name in columns.items():
-                values = dict(group)[name]
-                found = values["all"] if label == "all" else values["groups"].get(label, {})
-                cells.append(_fmt(dict(_scalars(found)).get(key)))
-            rows.append([label, *cells])
+                if key.endswith(HIDDEN_IN_SLICES):
+                    continue
+                cells = [_slice_value(values, label, key) for label in slices]
+                if all(k != key or c != cells for _, k, c in kept):  # auc_roc and pr_auc: once
+                    kept.append((name, key, cells))
+        keys = [key for _, key, _ in kept]
+        head = [column, *(k if keys.count(k) == 1 else f"{n} · {k}" for n, k, _ in kept)]
+        rows = [[label, *(c[i] for _, _, c in kept)] for i, label in enumerate(slices)]
         out.append(f"<h4>by {_e(column)}</h4>")
         out.append(_table(head, rows, set(range(1, len(head)))))
     return out
