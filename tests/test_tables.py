@@ -716,6 +716,7 @@ def test_quarantined_rows_of_a_table_job_are_in_its_folder_and_its_report(
     assert sorted(errors.column("id").to_pylist()) == list(range(1, ROWS, 2))
     assert report.failures["rows"] == ROWS // 2
     assert report.failures["path"].endswith(f"_chute/jobs/{job_id}/errors/")
+    assert f"_chute/jobs/{job_id}/errors/)" in dict(report.rows())["rows failed"]  # not _errors/
     manifest = json.loads((folder / "manifest.json").read_text())
     assert sum(f["rows"] for f in manifest["errors"]) == ROWS // 2
     assert sum(f["rows"] for f in manifest["files"]) == ROWS // 2

@@ -265,7 +265,8 @@ class Report:
             )
         rows += [("events", event) for event in self.events]
         if self.rows_failed:
-            rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, _errors/)"))
+            where = (self.failures or {}).get("path") or "_errors/"  # a table's: its job's
+            rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, {where})"))
         if self.totals and (len(self.runs) > 1 or self.units_skipped):
             # what the output holds in all, where earlier runs (a killed one leaves no
             # record of its own) committed part of it: their failed rows too
