@@ -89,18 +89,65 @@ def test_bad_requests_get_an_error_line_each() -> None:
 
 def test_a_body_field_of_the_wrong_kind_is_that_requests_400() -> None:
     """``"top_logprobs": "3x"`` made int() raise for the whole batch: the job stopped
-    on it, every resume the same way, and under quarantine the request had no line."""
-    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    on it, every resume the same way, and under quarantine the request had no line; a
+    float where vLLM takes an integer (``"seed": 1.5``) killed its engine's input thread
+    and hung the run for good."""
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    bodies = {
+        "text": {**chat, "top_k": "3x"},
+        "seed": {**chat, "seed": 1.5},
+        "bool": {**chat, "max_tokens": True},
+        "temp": {**chat, "temperature": "hot"},
+        "stop": {**chat, "stop": [1]},
+        "bias": {**chat, "logit_bias": {"a": 1}},
+        "good": {**chat, "max_tokens": 100.0, "seed": 7, "stop": "x", "logit_bias": {"50": 5}},
+    }
     batch = pa.table(
         {
-            "custom_id": ["bad", "good"],
-            "url": ["/v1/chat/completions"] * 2,
-            "body": [json.dumps({**body, "top_logprobs": "3x"}), json.dumps(body)],
+            "custom_id": list(bodies),
+            "url": ["/v1/chat/completions"] * len(bodies),
+            "body": [json.dumps(b) for b in bodies.values()],
         }
     )
-    bad, good = requests_of(batch, chat=False, system=None, id_column=None)
-    assert bad.error is not None and "3x" in bad.error
-    assert good.error is None and good.sampling == {"logprobs": 0}
+    requests = {r.custom_id: r for r in requests_of(batch, chat=False, system=None, id_column=None)}
+    for name in ("text", "seed", "bool", "temp", "stop", "bias"):
+        assert requests[name].error is not None, name
+    assert "seed must be an integer, got 1.5" in str(requests["seed"].error)
+    good = requests["good"]
+    assert good.error is None
+    assert good.sampling == {"max_tokens": 100, "seed": 7, "stop": ["x"], "logit_bias": {50: 5.0}}
+    assert isinstance(good.sampling["max_tokens"], int)
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "why"),
+    [
+        ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "'tools'"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "'logprobs'"),
+        ("/v1/completions", {"echo": True, "suffix": "x"}, "'echo', 'suffix'"),
+        ("/v1/completions", {"best_of": 3}, "'best_of'"),
+        ("/v1/embeddings", {"dimensions": 4}, "'dimensions'"),
+        ("/v1/embeddings", {"encoding_format": "base64"}, "as floats"),
+        ("/v1/completions", {"stream": True}, "cannot stream"),
+    ],
+)
+def test_a_field_the_batch_would_ignore_is_that_requests_400(
+    url: str, extra: dict[str, object], why: str
+) -> None:
+    """They were answered 200 as if honoured: logprobs computed and written as null,
+    embeddings of the model's width whatever ``dimensions`` said."""
+    if url == "/v1/chat/completions":
+        body: dict[str, object] = {"messages": [{"role": "user", "content": "hi"}]}
+    else:
+        body = {"input": "x"} if url == "/v1/embeddings" else {"prompt": "x"}
+
+    def error(fields: dict[str, object]) -> str | None:
+        table = pa.table({"custom_id": ["r"], "url": [url], "body": [json.dumps(fields)]})
+        return requests_of(table, chat=False, system=None, id_column=None)[0].error
+
+    assert why in str(error({**body, **extra}))
+    neutral = {"logprobs": False, "tools": [], "best_of": 1, "stream": False, "model": "gpt-4o"}
+    assert error({**body, **neutral}) is None
 
 
 def test_requests_without_a_custom_id_are_named_by_their_row_not_their_place() -> None:
@@ -182,3 +229,21 @@ def test_a_line_without_custom_id_is_named(tmp_path: Path) -> None:
     path.write_text('{"custom_id": "a", "url": "/v1/completions", "body": {}}\n{"url": 1}\n')
     with pytest.raises(DataError, match="line 2 has no custom_id"):
         OpenAIBatchSource(str(path))
+
+
+def test_an_openai_batch_output_refuses_quarantine(tmp_path: Path) -> None:
+    """A quarantined request went to _errors/ and had no line in the output, while the run
+    succeeded: a request left unanswered."""
+    import chute
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "url": "/v1/completions", "body": {}}) + "\n")
+    job = chute.Job(
+        source=OpenAIBatchSource(str(path)),
+        models=(chute.Model("llm", lambda b: {"line": b["custom_id"]}, on_error="quarantine"),),
+        output=chute.Sink(str(tmp_path / "out"), "openai-batch"),
+        engine="local",
+    )
+    with pytest.raises(ConfigError, match="on_error: quarantine, but an openai-batch output"):
+        job.run()
+    assert not (tmp_path / "out").exists()

@@ -282,6 +282,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     schema = job.source.schema()
     carry = _carryover(job, schema)
     _check_csv(job, schema, carry)
+    _check_answers(job)
     read_columns = _read_columns(job, schema, carry)
     units = job.source.plan()
     if not units:
@@ -319,6 +320,21 @@ def _check_csv(job: JobSpec, schema: pa.Schema, carry: list[str]) -> None:
             bad += [(f"{model.name}_{name}", "a list per row") for name in listed]
     if bad:
         raise csv_error(bad)
+
+
+def _check_answers(job: JobSpec) -> None:
+    """An OpenAI Batch output answers every request in its file: a request that fails is
+    its own error line (the adapters write one). Quarantined, it would be in ``_errors/``
+    and in no line of the output: a request left unanswered while the run succeeds."""
+    if job.output is None or job.output.format != "openai-batch":
+        return
+    quarantined = [m.name for m in job.models if m.on_error == "quarantine"]
+    if quarantined:
+        raise ConfigError(
+            f"model {quarantined[0]!r} has on_error: quarantine, but an openai-batch output "
+            "answers every request in its file (a failing request gets its error line): a "
+            "quarantined request would get none. Leave on_error at fail."
+        )
 
 
 def _check_adapter(model: Model) -> None:

@@ -169,9 +169,12 @@ def test_run_batch_serves_embeddings_requests(
 
     mixed = tmp_path / "mixed.jsonl"
     chat = {"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": []}}
-    mixed.write_text(requests.read_text() + json.dumps(chat) + "\n")
+    # a completion was answered 200 with an embedding
+    completion = {"custom_id": "p", "url": "/v1/completions", "body": {"prompt": "x"}}
+    mixed.write_text(requests.read_text() + json.dumps(chat) + "\n" + json.dumps(completion) + "\n")
     args = ["run-batch", "-i", str(mixed), "-o", str(tmp_path / "m.jsonl"), "--model"]
     result = CliRunner().invoke(main, [*args, str(directory), "--task", "embed", "-q"])
     assert result.exit_code == 0, result.output
-    last = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
-    assert last["custom_id"] == "c" and last["response"]["status_code"] == 400
+    last = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()[-2:]]
+    assert [x["custom_id"] for x in last] == ["c", "p"]
+    assert all(x["response"]["status_code"] == 400 for x in last)

@@ -162,3 +162,39 @@ def test_openai_requests_answer_every_line(llm_adapter: Any) -> None:
         assert lines[bad]["response"]["status_code"] == 400
         assert lines[bad]["error"]["message"]
     assert out["status_code"].to_pylist() == [200, 200, 400, 400, 400]
+
+
+def test_openai_requests_vllm_refuses_get_their_own_400_and_the_rest_are_served(
+    llm_adapter: Any,
+) -> None:
+    """One request vLLM's own checks refuse (an empty prompt, a token id it does not have)
+    failed the whole call, the run and every resume; a request without max_tokens was
+    cut at SamplingParams' 16 tokens, where OpenAI and vLLM's server give the rest of the
+    window."""
+    adapter = llm_adapter(temperature=0)
+    chat = [{"role": "user", "content": "hi"}]
+    bodies = {
+        "long": ("/v1/completions", {"prompt": "the cat", "min_tokens": 20, "ignore_eos": True}),
+        "empty": ("/v1/completions", {"prompt": ""}),
+        "vocab": (
+            "/v1/completions",
+            {"prompt": "a", "max_tokens": 2, "logit_bias": {"9999999": 5}},
+        ),
+        "whole": ("/v1/completions", {"prompt": "a", "max_tokens": 3.0}),
+        "chat": ("/v1/chat/completions", {"messages": chat, "max_tokens": 2, "logprobs": False}),
+    }
+    table = pa.table(
+        {
+            "custom_id": list(bodies),
+            "url": [u for u, _ in bodies.values()],
+            "body": [json.dumps(b) for _, b in bodies.values()],
+        }
+    )
+    out = adapter(table)
+    lines = {json.loads(x)["custom_id"]: json.loads(x) for x in out["line"].to_pylist()}
+    assert out["status_code"].to_pylist() == [200, 400, 400, 200, 200]
+    long = lines["long"]["response"]["body"]
+    assert long["usage"]["completion_tokens"] > 16  # the window's rest, not 16
+    assert "empty" in lines["empty"]["error"]["message"]
+    assert "logit_bias" in lines["vocab"]["error"]["message"]
+    assert lines["whole"]["response"]["body"]["usage"]["completion_tokens"] <= 3

@@ -173,7 +173,9 @@ class VLLMAdapter(Adapter):
 
     def _embed(self, requests: list[Request]) -> dict[str, pa.Array]:
         for request in requests:
-            if request.endpoint == CHAT and request.error is None:
+            # an OpenAI completion was answered with an embedding; a prompt's row is one
+            asks = request.custom_id is not None or request.endpoint == CHAT
+            if asks and request.endpoint != EMBEDDINGS and request.error is None:
                 request.error = "this model embeds (task: embed): it serves /v1/embeddings only"
             request.endpoint = EMBEDDINGS if request.error is None else request.endpoint
         outcomes = self.engine.embed(requests)

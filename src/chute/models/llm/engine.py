@@ -119,6 +119,8 @@ class Engine:
                 outcome.fail(request.error, BAD_REQUEST, "bad_request")
             elif isinstance(ids, Exception):  # a template that cannot render this chat
                 outcome.fail(str(ids), BAD_REQUEST, "bad_request")
+            elif not ids:  # vLLM refuses it, and with it the whole call
+                outcome.fail("the prompt is empty", BAD_REQUEST, "bad_request")
             elif len(ids) >= self.window:
                 outcome.fail(
                     f"the prompt has {len(ids)} tokens; the model's window (max_model_len) is "
@@ -148,11 +150,16 @@ class Engine:
         live = [i for i, o in enumerate(outcomes) if o.error is None]
         params = []
         made: dict[str, Any] = {}
+        defaults = self._defaults()
         for i in live:
             request = requests[i]
-            merged = {**sampling, **request.sampling}
+            served_as = defaults if request.custom_id is not None else {}  # an OpenAI request
+            merged = {**served_as, **sampling, **request.sampling}
             if seed is not None and "seed" not in request.sampling:
                 merged["seed"] = request_seed(seed, request.identity)
+            if request.custom_id is not None and merged.get("max_tokens") is None:
+                # OpenAI's and vLLM's server's: the rest of the window (SamplingParams: 16)
+                merged["max_tokens"] = self.window - int(outcomes[i].prompt_tokens or 0)
             structure = request.structured or job_structure
             if structure is not None:
                 merged["structured_outputs"] = StructuredOutputsParams(**structure.params())
@@ -166,11 +173,42 @@ class Engine:
         served = [i for i in live if outcomes[i].error is None]
         place = {i: k for k, i in enumerate(live)}
         kept = [prompts[place[i]] for i in served]
-        with engine_alive():
-            results = self.llm.generate(kept, params, use_tqdm=False) if kept else []
+        results = self._generate(kept, params, [outcomes[i] for i in served])  # one each
         for i, result in zip(served, results, strict=True):
-            _fill(outcomes[i], result, requests[i].structured or job_structure)
+            if result is not None:
+                _fill(outcomes[i], result, requests[i].structured or job_structure)
         return outcomes
+
+    def _defaults(self) -> dict[str, Any]:
+        """The model's own sampling defaults (its ``generation_config.json``), as vLLM's
+        server and ``run-batch`` apply them under an OpenAI request's (a prompt job's
+        ``sampling`` is ``SamplingParams``' own, as ``LLM.generate`` takes it)."""
+        config = self.llm.llm_engine.model_config
+        found = getattr(config, "get_diff_sampling_param", None)
+        return dict(found()) if callable(found) else {}
+
+    def _generate(
+        self, prompts: list[Any], params: list[Any], outcomes: list[Outcome]
+    ) -> list[Any]:
+        """``LLM.generate`` over the prompts; a call vLLM refuses for one request's sake
+        (checks it runs inside, on each: logprobs past its limit, a token id it does not
+        have) is halved until that request is found, and it alone gets the 400."""
+        if not prompts:
+            return []
+        try:
+            with engine_alive():
+                return list(self.llm.generate(prompts, params, use_tqdm=False))
+        except EngineDown:
+            raise
+        except Exception as exc:
+            if not _refused(exc):
+                raise
+            if len(prompts) == 1:  # vLLM aborted what it had added of the call
+                outcomes[0].fail(f"vLLM refused the request: {exc}", BAD_REQUEST, "bad_request")
+                return [None]
+            half = len(prompts) // 2
+            first = self._generate(prompts[:half], params[:half], outcomes[:half])
+            return first + self._generate(prompts[half:], params[half:], outcomes[half:])
 
     def embed(self, requests: Sequence[Request]) -> list[Outcome]:
         """Serve embedding requests with vLLM's pooling runner."""
@@ -230,6 +268,13 @@ class Engine:
         if not names:
             return None
         return [str(names.get(i, names.get(str(i), i))) for i in range(len(names))]
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether vLLM refused a request before running it (its ``VLLMClientError``s, a
+    ``ValueError`` or ``TypeError`` of its checks), not failed while running it."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return "VLLMClientError" in names or isinstance(exc, ValueError | TypeError)
 
 
 def _fill(outcome: Outcome, result: Any, structure: Structured | None) -> None:

@@ -18,6 +18,7 @@ sent to the engine.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,19 +219,101 @@ def _single_text(value: Any, url: str) -> str:
     return value
 
 
+_INTEGERS = ("n", "top_k", "seed", "min_tokens", "max_tokens", "max_completion_tokens")
+_NUMBERS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+_SERVED = {  # what a body may hold: a field this batch would not honour is the request's 400
+    "common": {"model", "user", "metadata", "store", "service_tier", "stream"},
+    EMBEDDINGS: {"input", "encoding_format"},
+    COMPLETIONS: {"prompt", *_BODY_SAMPLING, "max_tokens", "response_format"},
+    CHAT: {"messages", *_BODY_SAMPLING, "max_tokens", "max_completion_tokens"}
+    | {"response_format", "structured_outputs"},
+}
+_SERVED[COMPLETIONS].add("structured_outputs")
+
+
 def _body_sampling(body: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """The body's sampling fields, each checked: a float where vLLM takes an integer
+    (``"seed": 1.5``) killed its engine's input thread and hung the run; a field this batch
+    would ignore (``tools``, ``echo``, ``logprobs``, ``dimensions``) is refused, never
+    answered as if it had been honoured."""
+    served = _SERVED["common"] | _SERVED[url]
+    unknown = sorted(k for k, v in body.items() if k not in served and not _neutral(k, v))
+    if unknown:
+        raise BadRequest(
+            f"{url} here does not serve {', '.join(repr(k) for k in unknown)} (it would be "
+            "ignored): leave it out of the body"
+        )
+    if body.get("stream"):
+        raise BadRequest("a batch request cannot stream: leave out stream or set it false")
+    if body.get("encoding_format", "float") != "float":
+        raise BadRequest("embeddings are returned as floats: encoding_format must be 'float'")
     sampling = {k: body[k] for k in _BODY_SAMPLING if body.get(k) is not None}
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None:
         sampling["max_tokens"] = limit
-    logprobs = body.get("logprobs")
-    if url == CHAT and logprobs:
-        sampling["logprobs"] = int(body.get("top_logprobs") or 0)
-    elif url == COMPLETIONS and isinstance(logprobs, int) and not isinstance(logprobs, bool):
-        sampling["logprobs"] = logprobs
+    for name in _INTEGERS:
+        if name in sampling:
+            sampling[name] = _integer(name, sampling[name])
+    for name in _NUMBERS:
+        if name in sampling and not _is_number(sampling[name]):
+            raise BadRequest(f"{name} must be a number, got {sampling[name]!r}")
+    if "ignore_eos" in sampling and not isinstance(sampling["ignore_eos"], bool):
+        raise BadRequest(f"ignore_eos must be true or false, got {sampling['ignore_eos']!r}")
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
+    stop = sampling.get("stop", [])
+    if not isinstance(stop, list) or not all(isinstance(t, str) for t in stop):
+        raise BadRequest(f"stop must be a string or a list of strings, got {stop!r}")
+    if "logit_bias" in sampling:
+        sampling["logit_bias"] = _logit_bias(sampling["logit_bias"])
     return sampling
+
+
+def _neutral(name: str, value: Any) -> bool:
+    """A field set to what asks for nothing (``"logprobs": false``, ``"tools": []``,
+    ``"best_of": 1``): there is nothing to ignore."""
+    if name == "best_of":
+        return value in (None, 1)
+    if name == "parallel_tool_calls":  # means nothing without tools
+        return True
+    if name == "top_logprobs":  # without logprobs it asks for nothing
+        return value in (None, 0)
+    return (
+        value is None
+        or value is False
+        or (not isinstance(value, bool) and value in ([], {}, "none"))
+    )
+
+
+def _integer(name: str, value: Any) -> int:
+    """An integer field's value: an integer, or a float that is one (``100.0``, as pandas
+    writes it)."""
+    if isinstance(value, bool) or not _is_number(value) or value != int(value):
+        raise BadRequest(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's ``{"50256": -100}`` (token ids as JSON's string keys) as vLLM's int keys."""
+    if not isinstance(value, Mapping):
+        raise BadRequest(f"logit_bias must map token ids to numbers, got {value!r}")
+    bias: dict[int, float] = {}
+    for token, amount in value.items():
+        if not _is_number(amount) or not str(token).isdigit():
+            raise BadRequest(f"logit_bias must map token ids to numbers, got {token!r}: {amount!r}")
+        bias[int(token)] = float(amount)
+    return bias
 
 
 def _body_structured(body: Mapping[str, Any]) -> Structured | None:
