@@ -139,6 +139,36 @@ def test_transient_read_errors_are_retried(tmp_path: Path, engine: str) -> None:
     assert len(opens) == 3 and min(opens) > 2  # two failures each, then success
 
 
+class OutageSource(chute.FileSource):
+    """f1.parquet cannot be read while ``outage`` exists beside the data: the storage
+    answers 503 (a SlowDown), whatever the retries."""
+
+    def _open(self, path: str) -> Any:
+        if path.endswith("f1.parquet") and (Path(path).parent / "outage").exists():
+            raise OSError(f"AWS Error SLOW_DOWN during GetObject operation: 503 ({path})")
+        return super()._open(path)
+
+
+@pytest.mark.timeout(180)
+def test_a_storage_outage_is_never_a_bad_file_to_skip(tmp_path: Path, engine: str) -> None:
+    """Under on_bad_input: skip, a 503 after retries committed the file as skipped: its
+    rows were lost for good, and the run succeeded (the next said nothing to do)."""
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(3):
+        _write(root / f"f{i}.parquet", range(i * 10, i * 10 + 10), np.arange(10.0))
+    (root / "outage").write_text("")
+    source = OutageSource(str(root / "*.parquet"))
+    with pytest.raises(chute.ChuteError, match="the file is not at fault") as info:
+        _job(source, tmp_path / "out", engine, "skip").run()
+    assert not isinstance(info.value, chute.DataError) and info.value.exit_code == 1
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+    (root / "outage").unlink()
+    report = _job(OutageSource(str(root / "*.parquet")), tmp_path / "out", engine, "skip").run()
+    assert report.complete and not report.units_bad
+    assert sorted(pd.read_parquet(tmp_path / "out").id) == list(range(30))
+
+
 def test_retrying_backs_off_then_gives_up() -> None:
     waits: list[float] = []
     calls = []

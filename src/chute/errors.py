@@ -55,6 +55,13 @@ INPUT_CHANGED = (
 """How a :class:`DataError` about an input file that changed since planning ends."""
 
 
+class StorageError(ChuteError):
+    """The storage failed to answer (a dropped connection, throttling) after retries: not
+    the file's fault, so never a bad input file to skip; run the job again to resume."""
+
+    exit_code = 1
+
+
 class ModelError(ChuteError):
     """A model could not be loaded, or raised while predicting.
 

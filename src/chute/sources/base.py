@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from chute.errors import DataError, missing_columns_error
+from chute.errors import ChuteError, DataError, StorageError, missing_columns_error
+from chute.retry import ATTEMPTS, transient
 
 FORMATS = {
     ".parquet": "parquet",
@@ -119,3 +120,17 @@ def check_columns(schema: pa.Schema, wanted: Sequence[str], where: str) -> None:
     missing = [c for c in wanted if c not in schema.names]
     if missing:
         raise missing_columns_error(missing, schema.names, where)
+
+
+def unreadable(what: str, exc: BaseException) -> ChuteError:
+    """Why ``what`` (``input file 'x.parquet'``) could not be read: a :class:`DataError`
+    for the file's own fault (corrupt, truncated: skipped under ``on_bad_input: skip``),
+    a :class:`StorageError` for storage that would not answer after retries (a 503, a
+    dropped connection): skipped, its rows would be lost while the run succeeds."""
+    if transient(exc):
+        return StorageError(
+            f"reading {what} failed after {ATTEMPTS} tries: {exc}. The storage did not "
+            "answer, the file is not at fault: nothing was skipped for it. Run the job again "
+            "to resume once the storage answers."
+        )
+    return DataError(f"cannot read {what}: {exc}")

@@ -29,6 +29,7 @@ from chute.sources.base import (
     READ_BATCH_ROWS,
     UNIT_TARGET_ROWS,
     Unit,
+    unreadable,
 )
 from chute.storage import (
     StorageOptions,
@@ -486,7 +487,7 @@ class FileSource:
             table = retrying(lambda: self._read_file(path, None), f"reading {path}")
             return table.schema, table.num_rows
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read the schema of {path!r}: {exc}") from exc
+            raise unreadable(f"the schema of {path!r}", exc) from exc
 
     def plan(self) -> list[Unit]:
         files = self.files()
@@ -523,7 +524,10 @@ class FileSource:
                 lambda: parquet_metadata(self.filesystem, path, size), f"reading {path}"
             )
         except (pa.ArrowException, OSError) as exc:
-            return DataError(f"cannot read the Parquet footer of {path!r}: {exc}")
+            error = unreadable(f"the Parquet footer of {path!r}", exc)
+            if not isinstance(error, DataError):
+                raise error from exc  # not the file's fault: never a bad file to skip
+            return error
 
     def _parquet_units(self, path: str, meta: pq.FileMetaData, start: int) -> list[Unit]:
         units: list[Unit] = []
@@ -610,7 +614,7 @@ class FileSource:
         try:
             table = retrying(lambda: self._read_unit(path, unit, columns), f"reading {path}")
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read input file {path!r}: {exc}") from exc
+            raise unreadable(f"input file {path!r}", exc) from exc
         self._unchanged(unit)
         return table
 
@@ -641,7 +645,7 @@ class FileSource:
                         self._unchanged(unit)
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read input file {path!r}: {exc}") from exc
+            raise unreadable(f"input file {path!r}", exc) from exc
 
     def _read_unit(self, path: str, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
         if self.format == "parquet":

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from chute.errors import ChuteError, ConfigError, DataError
 from chute.retry import retrying
-from chute.sources.base import FORMATS, Unit, UnreadableRows
+from chute.sources.base import FORMATS, Unit, UnreadableRows, unreadable
 from chute.sources.files import FileSource
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ class ImageSource(FileSource):
         try:
             return retrying(load, f"reading {path}")
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read image file {path!r}: {exc}") from exc
+            raise unreadable(f"image file {path!r}", exc) from exc
 
     def describe(self) -> dict[str, Any]:
         options = self.options
