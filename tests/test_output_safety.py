@@ -285,3 +285,20 @@ def test_a_model_error_says_where_in_the_users_code_it_was_raised(project: Path)
     assert code == 4, out
     line = MODEL.splitlines().index('    return table["nope"]') + 1
     assert f"raised KeyError: 'nope' (at model.py:{line} in _lookup)" in out
+
+
+def test_a_copy_of_chutes_files_in_a_folder_chute_never_claimed_is_the_users(
+    project: Path,
+) -> None:
+    """A part named like chute's, in a folder without _chute/job.json (the user's copy of
+    an earlier result), was deleted as an orphan and the run succeeded."""
+    out = project / "combined"
+    out.mkdir()
+    copy = out / "part-000007-0000000000-deadbeef.parquet"
+    pq.write_table(pa.table({"id": [1]}), copy)
+    (out / "_errors").mkdir()
+    before = files(out)
+    for args in (["validate"], ["run", "-q"], ["run", "-q", "--overwrite"]):
+        code, text = invoke(args[0], str(job(project, "combined")), *args[1:])
+        assert code == 5 and "part-000007-0000000000-deadbeef.parquet" in text, text
+    assert files(out) == before

@@ -67,16 +67,17 @@ TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{8}\.tmp")
 
 
 def written_by_chute(name: str, claimed: bool) -> bool:
-    """Whether an output directory's entry ``name`` is one chute writes: its part files
-    (and their temporaries), ``_errors/``, ``_chute/``, and ``_SUCCESS`` where chute has
-    claimed the directory (``claimed``: ``_chute/job.json`` is there; else another tool's).
+    """Whether an output directory's entry ``name`` is one chute writes: ``_chute/``, and
+    its part files (and their temporaries), ``_errors/`` and ``_SUCCESS`` where chute has
+    claimed the directory (``claimed``: ``_chute/job.json`` is there; else another tool's,
+    or a copy the user made of chute's results).
     Anything else is the user's: a run never deletes it, ``--overwrite`` included, and
     refuses to write beside it."""
     if (temporary := TEMPORARY.fullmatch(name)) is not None:
         name = temporary.group(1)
-    if name == SUCCESS:
-        return claimed
-    return PART_NAME.fullmatch(name) is not None or name in (META_DIR, ERRORS_DIR)
+    if name in (SUCCESS, ERRORS_DIR) or PART_NAME.fullmatch(name) is not None:
+        return claimed  # else another copy's, the user's own: never deleted as an orphan
+    return name == META_DIR
 
 
 def foreign_files(fs: pafs.FileSystem, root: str, claimed: bool) -> list[str]:
