@@ -162,6 +162,23 @@ def test_job_reads_from_and_writes_to_the_bucket(
     assert read_json(moto_s3, "bucket", "out/_chute/report.json")["rows_out"] == UNITS * ROWS
 
 
+@pytest.mark.timeout(120)
+def test_an_s3_key_is_taken_as_written(s3: FaultProxy, moto_s3: MotoS3) -> None:
+    """Parsed as a URL, "out?v=2" lost its query: the run wrote to "out", and with
+    --overwrite wiped it; "#" and "%20" went the same way."""
+    upload(moto_s3, "parquet")
+    _job("s3://bucket/in/", "s3://bucket/out", "local").run()
+    before = {k: get_object(moto_s3, "bucket", k) for k in list_keys(moto_s3, "bucket", "out/")}
+    for out in ("out?v=2", "out#2", "out%20x"):
+        _job("s3://bucket/in/", f"s3://bucket/{out}", "local").run(overwrite=True)
+        check_exactly_once(moto_s3, out)
+    after = {k: get_object(moto_s3, "bucket", k) for k in list_keys(moto_s3, "bucket", "out/")}
+    assert after == before  # "out" itself untouched
+    put_objects(moto_s3, "bucket", {"odd/a#1.parquet": _encode(_table(0), "parquet")})
+    report = _job("s3://bucket/odd/a#1.parquet", "s3://bucket/odd-out", "local").run()
+    assert report.rows_out == ROWS
+
+
 @pytest.mark.timeout(60)
 def test_status_and_report_on_an_s3_output(s3: FaultProxy, moto_s3: MotoS3) -> None:
     upload(moto_s3, "parquet")

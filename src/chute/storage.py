@@ -148,14 +148,16 @@ def _strip(path: str) -> str:
 
 
 def _s3(uri: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
-    parts = urllib.parse.urlsplit(uri)
-    bucket = parts.hostname or ""
+    # Split by hand: an S3 key is taken as written. As a URL, "out?v=2" and "out#2" lost
+    # their query and fragment (a run wrote to, or --overwrite wiped, "out"), and "%20"
+    # was unquoted into a space.
+    location, _, key = uri.split("://", 1)[1].partition("/")
+    login, _, netloc = location.rpartition("@")  # keeps the bucket's case, drops credentials
+    bucket = netloc.lower()
     if not bucket:
         raise ConfigError(f"{redact(uri)!r} names no bucket: write it like 's3://bucket/prefix'.")
-    netloc = parts.netloc.rsplit("@", 1)[-1]  # keeps the bucket's case, drops credentials
-    key = urllib.parse.unquote(parts.path).strip("/")
-    user = urllib.parse.unquote(parts.username or "")
-    secret = urllib.parse.unquote(parts.password or "")
+    key = key.strip("/")
+    user, _, secret = (urllib.parse.unquote(v) for v in login.partition(":"))
     anonymous = storage.anonymous or (user == "anonymous" and not secret)
     credentials = (user, secret) if secret else ("", "")
     cache_key = ("s3", bucket, credentials, anonymous, storage.endpoint_url, storage.region,
