@@ -245,3 +245,24 @@ def test_json_it_writes_is_json_to_any_reader(tmp_path: Path) -> None:
 
     text = (tmp_path / META_DIR / "report.json").read_text()
     assert json.loads(text, parse_constant=refuse) == {"sum": None, "nan": [None, 1.5]}
+
+
+@pytest.mark.parametrize("name", ["job.json", "report.json"])
+def test_a_metadata_file_cut_short_is_named_and_overwrite_starts_over(
+    tmp_path: Path, name: str
+) -> None:
+    """A failed upload can leave 0 bytes: every run, --overwrite included, and `chute
+    status` crashed with a JSONDecodeError traceback."""
+    out = tmp_path / "out"
+    ledger = _open(out)
+    _touch(out / "part-000000-0000000000-aaaaaaa1.parquet")
+    ledger.commit([_entry("u1", "part-000000-0000000000-aaaaaaa1.parquet")])
+    ledger.finish({"rows_out": 10})
+    (out / META_DIR / name).write_bytes(b"")
+    if name == "report.json":  # the ledger is what counts: the report is written again
+        assert _open(out).report() is None and _open(out).entries.keys() == {"u1"}
+        return
+    with pytest.raises(JobStateError, match=r"job.json' is not what chute wrote .* --overwrite"):
+        _open(out)
+    _open(out, "fp2", overwrite=True).commit([_entry("v1")])
+    assert _open(out, "fp2").entries.keys() == {"v1"}

@@ -842,3 +842,15 @@ def test_ledger_objects_are_batched_more_widely_as_a_run_goes_on(tmp_path: Path)
     assert objects.flush_due(waited=30.0, elapsed=36_000)  # never more than 30 s
     appends = Ledger.open(str(tmp_path / "b"), "fp", {}, False)
     assert appends.flush_due(waited=0.0, elapsed=1_000)
+
+
+@pytest.mark.timeout(60)
+def test_a_large_job_json_goes_up_whole_or_not_at_all(s3: FaultProxy, moto_s3: MotoS3) -> None:
+    """A multipart upload that failed left 0 bytes under job.json (its stream's close
+    completed it): every later run crashed on it. Staged under another name, it is copied
+    into place whole."""
+    big = {"files": ["x" * 100] * 70_000}  # ~7 MiB: a job over 70,000 input objects
+    ledger = Ledger.open("s3://bucket/big", "fp", big, False)
+    assert ledger.read_json("job.json")["job"] == big
+    keys = list_keys(moto_s3, "bucket", "big/")
+    assert "big/_chute/job.json" in keys and not [k for k in keys if ".tmp" in k], keys

@@ -129,6 +129,8 @@ OBJECT_BATCH_SECONDS = 1.0
 written together in the next one."""
 OBJECT_BATCH_MAX_SECONDS = 30.0
 """The longest a completed unit waits for its ledger object (on a long run)."""
+MULTIPART_AT = 5 * 1024 * 1024
+"""Metadata this large is staged under another name on an object store (see ``_put``)."""
 COMPACT_AT = 64
 """Ledger objects found on resume beyond which they are merged into one."""
 
@@ -253,7 +255,7 @@ class Ledger:
         if info.type == pafs.FileType.File:
             raise JobStateError(f"output {self.root!r} is a file; give a directory.")
         if info.type == pafs.FileType.Directory:
-            owner = self.read_json("job.json")
+            owner = self.owner(overwrite)
             foreign = self._foreign(owner is not None)
             if foreign:  # never deleted, never mixed with: not even --overwrite wipes them
                 raise JobStateError(foreign_error(redact(self.root), foreign, owner is not None))
@@ -352,8 +354,32 @@ class Ledger:
             self.lease.check()
 
     def read_json(self, name: str) -> dict[str, Any] | None:
-        data = retrying(lambda: read(self.fs, f"{self.meta}/{name}"), f"reading {name}")
-        return None if data is None else json.loads(data)
+        """``_chute/<name>``, or ``None`` where there is none; one that is not a JSON object
+        (a write cut short: an upload that failed can leave 0 bytes) is refused by name."""
+        path = f"{self.meta}/{name}"
+        data = retrying(lambda: read(self.fs, path), f"reading {name}")
+        if data is None:
+            return None
+        try:
+            value = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            value = exc
+        if not isinstance(value, dict):
+            raise JobStateError(
+                f"{redact(path)!r} is not what chute wrote ({len(data):,} bytes, not a JSON "
+                "object: a write cut short). Run with --overwrite to start over, or write "
+                "to another output."
+            )
+        return value
+
+    def owner(self, overwrite: bool = False) -> dict[str, Any] | None:
+        """``job.json``; with ``overwrite``, one cut short is a claim of no known job."""
+        try:
+            return self.read_json("job.json")
+        except JobStateError:
+            if overwrite:
+                return {}
+            raise
 
     def _write_json(self, name: str, value: Any) -> None:
         """``value`` as JSON, as any reader parses it: a non-finite number (a mean of a
@@ -363,7 +389,20 @@ class Ledger:
         self._put(name, text.encode())
 
     def _put(self, name: str, data: bytes) -> None:
-        retrying(lambda: put(self.fs, f"{self.meta}/{name}", data), f"writing {name}")
+        path = f"{self.meta}/{name}"
+        if is_local(self.fs) or len(data) < MULTIPART_AT:
+            retrying(lambda: put(self.fs, path, data), f"writing {name}")
+            return
+        # A multipart upload that fails can leave 0 bytes under its name (the stream's close
+        # completes it): a job.json that large (~100 bytes an input file) goes up under a
+        # name of its own first, and is copied into place whole.
+        staged = f"{self.meta}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            retrying(lambda: put(self.fs, staged, data), f"writing {name}")
+            retrying(lambda: self.fs.copy_file(staged, path), f"writing {name}")
+        finally:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(staged)
 
     def read_entries(self) -> dict[str, dict[str, Any]]:
         """Every committed unit, from both layouts (appended lines, objects per batch)."""
@@ -520,8 +559,14 @@ class Ledger:
         }
 
     def report(self) -> dict[str, Any] | None:
-        """The last run's report; none while ``--overwrite`` replaces the results."""
-        return None if self._replacing is not None else self.read_json("report.json")
+        """The last run's report; none while ``--overwrite`` replaces the results, or
+        where it was cut short (it is written again: the ledger is what counts)."""
+        if self._replacing is not None:
+            return None
+        try:
+            return self.read_json("report.json")
+        except JobStateError:
+            return None
 
 
 def _files(entry: dict[str, Any]) -> list[dict[str, Any]]:

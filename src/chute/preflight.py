@@ -132,7 +132,7 @@ def check_output(
             f"output {where!r} is in use by another chute run: {owners[0].describe()}. Wait "
             "for it to finish or stop it, or choose another output location."
         )
-    claimed = Ledger(fs, root).read_json("job.json") is not None
+    claimed = Ledger(fs, root).owner(overwrite) is not None
     foreign = foreign_files(fs, root, claimed)
     if foreign:
         raise JobStateError(foreign_error(where, foreign, claimed))
