@@ -372,6 +372,23 @@ def test_booster_features_matched_by_name_and_width_checked(
 
 
 @pytest.mark.timeout(60)
+def test_features_named_like_f0_are_still_taken_by_name(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    """Names that look made up (f0, f1) are names all the same when the inputs have them."""
+    import xgboost
+
+    names = ["f0", "f1", "f2", "f3"]
+    table = data["table"].rename_columns(["id", "name", *names])
+    train = xgboost.DMatrix(pd.DataFrame(data["x"], columns=names), label=data["value"])
+    booster = xgboost.train({"nthread": 1}, train, num_boost_round=4)
+    booster.save_model(tmp_path / "m.json")
+    spec = adapter("xgboost", path=str(tmp_path / "m.json"))
+    frame = run({**data, "table": table}, spec, inputs=names[::-1])
+    np.testing.assert_allclose(frame["m_value"], booster.predict(train), atol=1e-5)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["xgboost", "lightgbm"])
 def test_a_named_feature_the_inputs_lack_is_refused_not_taken_by_position(
     data: dict[str, Any], tmp_path: Path, kind: str
@@ -588,7 +605,12 @@ def test_an_integer_graph_input_refuses_values_that_are_not_integers(tmp_path: P
         return list(frame["m_y"])
 
     assert predict([1, 2, 3]) == predict([1.0, 2.0, 3.0]) == [10, 20, 30]
-    for values, shown in (([1, None, 3], "nan"), ([1.7, 2.2], "1.7"), ([2.0**70], "1.18")):
+    for values, shown in (
+        ([1, None, 3], "nan"),
+        ([1.7, 2.2], "1.7"),
+        ([2.0**70], "1.18"),
+        (pa.array([2**63 + 5], pa.uint64()), "9223372036854775813"),  # wrapped to negative
+    ):
         with pytest.raises(chute.ChuteError, match=rf"column 'v' holds \[{shown}.* int64"):
             predict(values)
 

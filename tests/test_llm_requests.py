@@ -147,7 +147,13 @@ def test_a_field_the_batch_would_ignore_is_that_requests_400(
 
     assert why in str(error({**body, **extra}))
     neutral = {"logprobs": False, "tools": [], "best_of": 1, "stream": False, "model": "gpt-4o"}
+    neutral |= {"encoding_format": None, "tool_choice": "auto", "stream_options": None}
     assert error({**body, **neutral}) is None
+
+
+def test_max_tokens_beside_a_null_max_completion_tokens_counts() -> None:
+    body = json.dumps({"prompt": "x", "max_tokens": 50, "max_completion_tokens": None})
+    assert openai_request("r", "/v1/completions", body).sampling == {"max_tokens": 50}
 
 
 def test_requests_without_a_custom_id_are_named_by_their_row_not_their_place() -> None:

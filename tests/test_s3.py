@@ -845,11 +845,29 @@ def test_ledger_objects_are_batched_more_widely_as_a_run_goes_on(tmp_path: Path)
 
 
 @pytest.mark.timeout(60)
-def test_a_large_job_json_goes_up_whole_or_not_at_all(s3: FaultProxy, moto_s3: MotoS3) -> None:
+def test_a_large_job_json_goes_up_whole_or_not_at_all(
+    s3: FaultProxy, moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A multipart upload that failed left 0 bytes under job.json (its stream's close
     completed it): every later run crashed on it. Staged under another name, it is copied
-    into place whole."""
+    into place whole, or not at all."""
+    import chute.ledger
+
     big = {"files": ["x" * 100] * 70_000}  # ~7 MiB: a job over 70,000 input objects
+    real = chute.ledger.put
+
+    def cut_short(fs: Any, path: str, data: Any) -> int:
+        if len(data) > chute.ledger.MULTIPART_AT:  # what pyarrow leaves of a failed upload
+            real(fs, path, b"")
+            raise OSError("AWS Error ACCESS_DENIED during UploadPart operation")
+        return real(fs, path, data)
+
+    monkeypatch.setattr(chute.ledger, "put", cut_short)
+    with pytest.raises(OSError, match="UploadPart"):
+        Ledger.open("s3://bucket/big", "fp", big, False)
+    keys = list_keys(moto_s3, "bucket", "big/")
+    assert "big/_chute/job.json" not in keys and not [k for k in keys if ".tmp" in k], keys
+    monkeypatch.setattr(chute.ledger, "put", real)
     ledger = Ledger.open("s3://bucket/big", "fp", big, False)
     assert ledger.read_json("job.json")["job"] == big
     keys = list_keys(moto_s3, "bucket", "big/")

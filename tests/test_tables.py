@@ -996,3 +996,35 @@ def test_a_delta_table_whose_rules_chute_would_bypass_is_refused_before_any_comp
     write_deltalake(str(strict), pa.table({"id": [0], "note": ["x"]}, schema=schema))
     with pytest.raises(chute.DataError, match="NOT NULL column 'note' the job does not write"):
         job(data, TableSink(str(strict), format="delta"), carryover=("id",)).run()
+
+
+@pytest.mark.parametrize("path", ["s3://bucket/t%20x", "s3://bucket/t?v=2", "s3://bucket/t#2"])
+def test_a_table_location_the_tables_library_would_read_otherwise_is_refused(path: str) -> None:
+    """chute takes an S3 key as written; delta-rs and Lance parse it as a URL: the table's
+    log and chute's files would be under two prefixes."""
+    from chute.tables import TableSink
+
+    with pytest.raises(chute.ConfigError, match=r"'%', '\?' or '#'"):
+        TableSink(format="delta", path=path)
+
+
+def _twice(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"p": batch["id"] * 2.0}
+
+
+@pytest.mark.timeout(120)
+def test_a_table_jobs_record_cut_short_is_named_with_what_to_do(data: Path, tmp_path: Path) -> None:
+    """A job.json of 0 bytes (a failed upload) gave a JSONDecodeError traceback on every
+    run, and the advice for file outputs (--overwrite) could not help a table."""
+    sink = table_sink("delta", tmp_path)
+    model = chute.Model("m", _twice, inputs=("id",), batch_format="numpy")
+    job = chute.Job(
+        source=chute.FileSource(str(data)), models=(model,), carryover=("id",), output=sink
+    )
+    report = job.run()
+    (_location(sink) / "_chute" / "jobs" / report.fingerprint[:16] / "job.json").write_bytes(b"")
+    for overwrite, why in ((False, "is not what chute wrote"), (True, "cannot redo it")):
+        with pytest.raises(chute.JobStateError, match=why) as info:
+            job.run(overwrite=overwrite)
+        assert "table's own tools" in str(info.value)
+    assert len(read_table(sink)) == ROWS  # no row added twice

@@ -367,10 +367,12 @@ class Ledger:
         if not isinstance(value, dict):
             raise JobStateError(
                 f"{redact(path)!r} is not what chute wrote ({len(data):,} bytes, not a JSON "
-                "object: a write cut short). Run with --overwrite to start over, or write "
-                "to another output."
+                f"object: a write cut short). {self._start_over}"
             )
         return value
+
+    _start_over = "Run with --overwrite to start over, or write to another output."
+    """What to do about a record of the output that was cut short."""
 
     def owner(self, overwrite: bool = False) -> dict[str, Any] | None:
         """``job.json``; with ``overwrite``, one cut short is a claim of no known job."""
@@ -528,7 +530,11 @@ class Ledger:
         retrying(lambda: self._delete(f"{self.root}/{SUCCESS}"), f"removing {SUCCESS}")
 
     def save_report(self, report: dict[str, Any], html: bool = True) -> None:
-        """Write ``report.json`` and, with ``html``, the self-contained ``report.html``."""
+        """Write ``report.json`` and, with ``html``, the self-contained ``report.html``;
+        not while ``--overwrite`` replaces the results and has committed nothing (a run that
+        failed before its first commit leaves the earlier job's report with its results)."""
+        if self._replacing is not None:
+            return
         self._write_json("report.json", report)
         if html:
             from chute.htmlreport import render

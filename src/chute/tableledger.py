@@ -128,8 +128,13 @@ class TableLedger(Ledger):
 
     # ------------------------------------------------------------------ opening
 
+    _start_over = (
+        "The rows this job committed are in the table: to run it again, delete them with the "
+        "table's own tools, and this job's folder, or write to another table."
+    )
+
     def _refuse_redo(self, overwrite: bool) -> None:
-        if overwrite and self.read_json("job.json") is not None and self.read_entries():
+        if overwrite and self.owner(overwrite) is not None and self.read_entries():
             raise JobStateError(
                 f"{self._name()} already holds rows of this job, and chute never deletes rows "
                 "from a table: --overwrite cannot redo it. Run without --overwrite to finish "
@@ -141,7 +146,7 @@ class TableLedger(Ledger):
         """Another job of this table, finished (or left), already added rows of this job's
         input: a rerun after any change (a metric, a comment in the model's file, the input
         files touched) would add every row again. Refused unless ``overwrite`` says to."""
-        if overwrite or self.read_json("job.json") is not None:  # told to, or a resume
+        if overwrite or self.owner() is not None:  # told to, or a resume
             return
         for _, owner in self._others(finished=True):
             before = owner.get("job", {})
@@ -187,8 +192,11 @@ class TableLedger(Ledger):
             if "job.json" in names and ended == finished:
                 if not self._committed_in(folder):  # nothing of it in the table: no mix
                     continue
-                owner = json.loads(self._read(f"{folder}/job.json") or b"{}")
-                found.append((folder, owner))
+                try:
+                    owner = json.loads(self._read(f"{folder}/job.json") or b"{}")
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    owner = {}  # cut short: a job all the same, of unknown settings
+                found.append((folder, owner if isinstance(owner, dict) else {}))
         return found
 
     def _committed_in(self, folder: str) -> bool:

@@ -176,6 +176,9 @@ def _integers(block: np.ndarray, dtype: np.dtype[Any], name: str) -> np.ndarray:
     (a cast would cut 1.7 to 1, and make a null or NaN the smallest integer)."""
     cast = block.astype(dtype)
     same = cast.astype(block.dtype) == block
+    if block.dtype.kind in "iu":  # uint64 past 2**63 wraps to a negative and back again
+        info = np.iinfo(dtype)
+        same &= (block >= info.min) & (block <= info.max)
     if same.all():
         return cast
     row = int(np.flatnonzero(~same.all(axis=1))[0])
@@ -198,10 +201,12 @@ def ordered_by_names(batch: pa.Table, names: Sequence[str] | None) -> pa.Table:
     does not know them, or the inputs have none of them (names the input calls
     otherwise). Inputs that have some of them but lack others are refused: taken by
     position, another column would stand in for a missing one, in silence."""
-    if not names or all(_UNNAMED.fullmatch(n) for n in names):
+    if not names:
         return batch
     missing = [n for n in names if n not in batch.column_names]
-    if len(missing) == len(names):
+    if not missing:  # f0, f1 too: by name whenever the inputs have them all
+        return batch.select(list(names))
+    if len(missing) == len(names) or all(_UNNAMED.fullmatch(n) for n in names):
         return batch
     if missing:
         shown = ", ".join(repr(n) for n in missing[:5])

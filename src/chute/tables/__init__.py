@@ -114,6 +114,13 @@ class TableSink(Sink):
             raise ConfigError(f"a {self.format} output needs `path:` (the table's location).")
         if self.commit_seconds < 0:
             raise ConfigError(f"commit_seconds must be >= 0, got {self.commit_seconds}.")
+        if self.path and "://" in self.path and any(c in self.path for c in "%?#"):
+            # chute takes an object key as written; delta-rs and Lance parse it as a URL
+            # ("%20" a space, "?v=2" dropped): its log and chute's files would part ways
+            raise ConfigError(
+                f"a {self.format} table's location {self.path!r} holds '%', '?' or '#', which "
+                "the table's own library reads otherwise than chute: choose a path without them."
+            )
         object.__setattr__(self, "partition_by", tuple(self.partition_by))
         fields = partition_fields(self.partition_by)  # a malformed entry: refused here
         if fields and self.format == "lance":

@@ -252,10 +252,11 @@ def _body_sampling(body: Mapping[str, Any], url: str) -> dict[str, Any]:
         )
     if body.get("stream"):
         raise BadRequest("a batch request cannot stream: leave out stream or set it false")
-    if body.get("encoding_format", "float") != "float":
+    if (body.get("encoding_format") or "float") != "float":
         raise BadRequest("embeddings are returned as floats: encoding_format must be 'float'")
     sampling = {k: body[k] for k in _BODY_SAMPLING if body.get(k) is not None}
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    limit = body.get("max_completion_tokens")
+    limit = body.get("max_tokens") if limit is None else limit
     if limit is not None:
         sampling["max_tokens"] = limit
     for name in _INTEGERS:
@@ -281,8 +282,8 @@ def _neutral(name: str, value: Any) -> bool:
     ``"best_of": 1``): there is nothing to ignore."""
     if name == "best_of":
         return value in (None, 1)
-    if name == "parallel_tool_calls":  # means nothing without tools
-        return True
+    if name in ("parallel_tool_calls", "tool_choice", "stream_options"):
+        return True  # mean nothing without tools, or without streaming (both refused)
     if name == "top_logprobs":  # without logprobs it asks for nothing
         return value in (None, 0)
     return (
