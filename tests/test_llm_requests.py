@@ -253,3 +253,23 @@ def test_an_openai_batch_output_refuses_quarantine(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="on_error: quarantine, but an openai-batch output"):
         job.run()
     assert not (tmp_path / "out").exists()
+
+
+def test_the_single_file_is_assembled_in_input_order_past_a_million_units(
+    tmp_path: Path,
+) -> None:
+    """Names sorted as text put part-1000000 before part-999999; a seven-digit unit was not
+    taken for a part at all. The count is checked before anything is put in place."""
+    from chute.errors import JobStateError
+    from chute.runbatch import assemble
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for unit, lines in ((1_000_000, "c\nd\n"), (999_999, "a\nb\n"), (2, "0\n")):
+        (parts / f"part-{unit:06d}-0000000000-0123abcd.jsonl").write_text(lines)
+    (parts / "notes.jsonl").write_text("not a part\n")
+    assemble(str(parts), str(tmp_path / "out.jsonl"), 5)
+    assert (tmp_path / "out.jsonl").read_text() == "0\na\nb\nc\nd\n"
+    with pytest.raises(JobStateError, match="5 answer lines for 6 requests"):
+        assemble(str(parts), str(tmp_path / "short.jsonl"), 6)
+    assert not (tmp_path / "short.jsonl").exists()

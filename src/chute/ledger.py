@@ -59,9 +59,10 @@ from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
 from chute.storage import StorageOptions, append, check, is_local, make_dir, put, read, redact
 
-PART_NAME = re.compile(r"part-\d{6}-\d{10}-[0-9a-f]{8}\.(?:parquet|csv|jsonl)")
-"""A part file's name as chute makes it (``PartWriter._name``): another tool's ``part-00000-…``
-(Spark's) is not one."""
+PART_NAME = re.compile(r"part-\d{6,}-\d{10,}-[0-9a-f]{8}\.(?:parquet|csv|jsonl)")
+"""A part file's name as chute makes it (``PartWriter._name``: the unit's index, at least six
+digits, and its first row's, at least ten): another tool's ``part-00000-…`` (Spark's) is not
+one."""
 TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{8}\.tmp")
 """A file chute was writing, under a temporary name beside it."""
 

@@ -22,11 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from chute.api import Job
 from chute.errors import JobStateError
 from chute.job import BatchSize, Model, Sink
+from chute.ledger import PART_NAME
 from chute.models import adapter
 from chute.models.llm.requests import EMBEDDINGS
 from chute.report import Report
@@ -110,23 +112,32 @@ def run_batch(batch: BatchRun, progress: bool = True, overwrite: bool = False) -
     return report
 
 
+COPY_CHUNK = 8 * 1024 * 1024
+"""Bytes read from a part at a time while the single output file is assembled."""
+
+
 def assemble(parts: str, output: str, requests: int) -> None:
     """Join the parts' lines in input order into ``output``, put in place at once."""
     fs, root = resolve(parts)
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
-    names = sorted(
-        i.path for i in infos if i.is_file and os.path.basename(i.path).startswith("part-")
-    )
-    chunks = []
-    for name in names:
-        with fs.open_input_stream(name) as stream:
-            chunks.append(stream.read())
-    data = b"".join(chunks)
-    lines = data.count(b"\n")
-    if lines != requests:
-        raise JobStateError(
-            f"{parts} holds {lines} answer lines for {requests} requests: it "
-            "was changed by hand. Run again with --overwrite to answer every request afresh."
-        )
+    parts_of = [i.path for i in infos if i.is_file and PART_NAME.fullmatch(i.base_name)]
+    # in input order: by unit, then first row, as numbers (part-1000000 after part-999999)
+    names = sorted(parts_of, key=lambda p: [int(n) for n in p.rsplit("/", 1)[-1].split("-")[1:3]])
+
+    def copy(out: pa.NativeFile) -> None:
+        """Part by part (a local file never holds the whole in memory), counting lines:
+        a count that is not the requests' leaves nothing in place."""
+        lines = 0
+        for name in names:
+            with fs.open_input_stream(name) as stream:
+                while chunk := stream.read(COPY_CHUNK):
+                    lines += chunk.count(b"\n")
+                    out.write(chunk)
+        if lines != requests:
+            raise JobStateError(
+                f"{parts} holds {lines} answer lines for {requests} requests: it was "
+                "changed by hand. Run again with --overwrite to answer every request afresh."
+            )
+
     out_fs, target = resolve(output)
-    put(out_fs, target, data)
+    put(out_fs, target, copy)
