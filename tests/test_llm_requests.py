@@ -273,3 +273,18 @@ def test_the_single_file_is_assembled_in_input_order_past_a_million_units(
     with pytest.raises(JobStateError, match="5 answer lines for 6 requests"):
         assemble(str(parts), str(tmp_path / "short.jsonl"), 6)
     assert not (tmp_path / "short.jsonl").exists()
+
+
+def test_a_reply_that_does_not_parse_keeps_its_text_and_its_own_code() -> None:
+    """A structured reply cut at max_tokens was a 422 with no text (its tokens were spent
+    all the same), and every status but 400 was labelled unparsed_reply."""
+    request = openai_request("r", "/v1/completions", json.dumps({"prompt": "x"}))
+    cut = Outcome(texts=['{"label": "a'], finish_reasons=["length"], completion_tokens=4)
+    cut.fail("not JSON (cut at max_tokens)", 422, "unparsed")
+    answer = json.loads(line(request, cut, "m"))
+    assert answer["error"]["code"] == "unparsed"
+    assert answer["response"]["body"]["choices"][0]["text"] == '{"label": "a'
+    assert answer["response"]["body"]["usage"]["completion_tokens"] == 4
+    ended = Outcome()
+    ended.fail("vLLM ended the request with an error", 500, "engine_error")
+    assert json.loads(line(request, ended, "m"))["error"]["code"] == "engine_error"

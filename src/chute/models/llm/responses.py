@@ -94,9 +94,11 @@ def line(request: Request, outcome: Outcome, model: str) -> str:
     error = None
     response_body: dict[str, Any]
     if outcome.error is not None:
-        code = "invalid_request" if outcome.status == BAD_REQUEST else "unparsed_reply"
+        code = "invalid_request" if outcome.status == BAD_REQUEST else outcome.kind or "error"
         error = {"code": code, "message": outcome.error}
         response_body = {"error": {"message": outcome.error, "type": code, "code": code}}
+        if outcome.texts and request.endpoint != EMBEDDINGS:  # what was generated is kept
+            response_body = {**body(request, outcome, model), **response_body}
     else:
         response_body = body(request, outcome, model)
     return json.dumps(
