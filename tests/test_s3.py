@@ -872,3 +872,16 @@ def test_a_large_job_json_goes_up_whole_or_not_at_all(
     assert ledger.read_json("job.json")["job"] == big
     keys = list_keys(moto_s3, "bucket", "big/")
     assert "big/_chute/job.json" in keys and not [k for k in keys if ".tmp" in k], keys
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_named_with_its_slash_is_read_past_a_marker_object(
+    s3: FaultProxy, moto_s3: MotoS3
+) -> None:
+    """A 0-byte object "mk/data" beside "mk/data/x.parquet" (a console's folder marker)
+    made "s3://bucket/mk/data/" an empty input file: the folder could not be read."""
+    put_objects(
+        moto_s3, "bucket", {"mk/data": b"", "mk/data/u.parquet": _encode(_table(0), "parquet")}
+    )
+    report = _job("s3://bucket/mk/data/", "s3://bucket/mk-out", "local").run()
+    assert report.rows_out == ROWS

@@ -93,7 +93,10 @@ def _listing(
             f"input path {redact(original)!r} does not exist.{_near(fs, path, original)} "
             "Check the path."
         )
-    if info.type == pafs.FileType.File:
+    # "data/" with a 0-byte object "data" beside the keys "data/...": a folder marker (an
+    # S3 console folder), not an empty input file that hides the folder
+    marker = original.endswith("/") and info.type == pafs.FileType.File and not info.size
+    if info.type == pafs.FileType.File and not marker:
         return [info]
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     files = [
