@@ -237,3 +237,17 @@ def test_a_metric_option_changed_is_another_job() -> None:
     assert fingerprint(sliced) != fingerprint(
         M.Sliced(M.Confusion("y", "m", threshold=0.7), by="g")
     )
+
+
+def test_a_changed_input_is_described_file_by_file() -> None:
+    """It said only "changed: source": which files were added, removed or rewritten
+    decides whether --overwrite is right."""
+    files = [[f"/data/f{i}.parquet", 100, 1] for i in range(6)]
+    before = {"source": {"kind": "files", "format": "parquet", "files": files}}
+    after_files = [files[0], ["/data/f1.parquet", 100, 2], *files[3:], ["/data/new.parquet", 5, 1]]
+    after = {"source": {"kind": "files", "format": "csv", "files": after_files}}
+    assert describe_changes(before, after) == (
+        "source (1 file added: new.parquet; 1 file removed: f2.parquet; "
+        "1 file changed: f1.parquet; format)"
+    )
+    assert describe_changes({"source": {"kind": "memory"}}, {"source": {"kind": "x"}}) == "source"

@@ -41,6 +41,8 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
             changes += _code_changes(old, new)
         elif key == "models" and isinstance(old, list) and isinstance(new, list):
             changes += _model_changes(old, new)
+        elif key == "source" and isinstance(old, Mapping) and isinstance(new, Mapping):
+            changes.append(_source_changes(old, new))
         else:
             changes.append(key)
     named = [c for c in changes if not any(o.startswith(f"{c} (") for o in changes)]
@@ -56,6 +58,30 @@ def _code_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         if files:
             changes.append(f"{part} ({', '.join(files)})")
     return changes
+
+
+def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """``source (2 files added: a.parquet, b.parquet; 1 changed: c.parquet)`` for file
+    sources (their ``files``: ``[path, size, mtime]``), else ``source``."""
+    before, after = old.get("files"), new.get("files")
+    if not isinstance(before, list) or not isinstance(after, list):
+        return "source"
+    was = {str(f[0]): f[1:] for f in before if isinstance(f, list) and f}
+    now = {str(f[0]): f[1:] for f in after if isinstance(f, list) and f}
+    kinds = {
+        "added": sorted(set(now) - set(was)),
+        "removed": sorted(set(was) - set(now)),
+        "changed": sorted(f for f in set(was) & set(now) if was[f] != now[f]),
+    }
+    said = [
+        f"{len(files):,} file{'s' * (len(files) != 1)} {kind}: "
+        + ", ".join(f.rsplit("/", 1)[-1] for f in files[:3])
+        + (", ..." if len(files) > 3 else "")
+        for kind, files in kinds.items()
+        if files
+    ]
+    rest = sorted(k for k in set(old) | set(new) if k != "files" and old.get(k) != new.get(k))
+    return f"source ({'; '.join(said + rest)})" if said or rest else "source"
 
 
 def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
