@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,14 @@ def test_a_model_that_fails_on_every_row_of_a_batch_is_quarantined_whole() -> No
 
     stage = chute.Model("m", refuse, inputs=("x",), on_error="quarantine")
     table = pa.table({"x": [1, 2, 3]})
-    job = chute.Job(source=chute.TableSource(table), models=(stage,), carryover=("x",))
+    job = chute.Job(
+        source=chute.TableSource(table),
+        models=(stage,),
+        carryover=("x",),
+        max_failed_fraction=1.0,  # asked never to stop for failed rows
+    )
     report = job.run()
     assert (report.rows_in, report.rows_out, report.rows_failed) == (3, 0, 3)
+    # by default a model that fails most rows stops the run: it ended "complete", empty
+    with pytest.raises(chute.ModelError, match=r"3 of the 3 rows .* max_failed_fraction"):
+        dataclasses.replace(job, max_failed_fraction=0.5).run()

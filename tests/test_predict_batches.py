@@ -87,3 +87,35 @@ def test_a_report_shows_itself_in_jupyter() -> None:
     assert html.startswith("<table>") and html.endswith("</table>")
     assert "<th style='text-align:left'>rows in / out</th>" in html
     assert "out/&lt;tips&gt;" in html  # escaped
+
+
+def _fails_on_two(batch: Any) -> Any:
+    if (batch["x"] == 2).any():
+        raise ValueError("two")
+    return batch["x"] * 10
+
+
+@pytest.mark.timeout(120)
+def test_a_dataframes_result_keeps_its_index_and_carried_columns_as_they_were(
+    engine: str,
+) -> None:
+    """The result had a fresh RangeIndex: assigned back, predictions met other rows, and a
+    row a model failed on (quarantined) moved every later one up; a nullable Int64 past
+    2**53 came back a rounded float."""
+    frame = pd.DataFrame(
+        {
+            "x": [1, 2, 3, 4],
+            "big": pd.array([2**53 + 1, None, 3, 4], dtype="Int64"),
+            "c": pd.Categorical(list("abab")),
+        },
+        index=pd.Index([10, 5, 7, 3], name="id"),
+    )
+    model = chute.Model(
+        "m", _fails_on_two, inputs=["x"], batch_format="pandas", on_error="quarantine"
+    )
+    out = chute.predict(frame, model, engine=engine)  # type: ignore[arg-type]
+    assert out.index.tolist() == [10, 7, 3] and out.index.name == "id"
+    assert out["big"].dtype == "Int64" and out["big"].iloc[0] == 2**53 + 1
+    assert out["c"].dtype == "category"
+    frame["pred"] = out["m"]
+    assert frame["pred"].tolist()[::2] == [10.0, 30.0] and pd.isna(frame["pred"].loc[5])

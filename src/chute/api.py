@@ -82,7 +82,21 @@ def predict(
     report = job.run()
     assert report.result is not None
     frame: pd.DataFrame = report.result.to_pandas()
+    given = type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas")
+    if given and report.result_rows is not None:
+        _as_given(frame, data, report.result_rows)
     return frame
+
+
+def _as_given(frame: pd.DataFrame, data: pd.DataFrame, rows: Any) -> None:
+    """A DataFrame's result keeps its rows' index (its labels, names and levels: assigned
+    back, each prediction meets its row, and a row a model failed on is missing, not
+    filled by the next) and its carried columns as they were (nullable ``Int64``, a
+    category, a time zone: Arrow's round trip would make an ``Int64`` past 2**53 a float)."""
+    frame.index = data.index[rows]
+    for name in frame.columns:
+        if name in data.columns and isinstance(name, str):
+            frame[name] = data[name].iloc[rows].set_axis(frame.index)
 
 
 def run(

@@ -186,6 +186,9 @@ class Report:
     html: str = ""
     """Where ``report.html`` was written, if it was."""
     result: pa.Table | None = None
+    result_rows: Any = None
+    """Each row of ``result``'s place in the input (a NumPy array): rows a model failed on
+    are not in ``result``."""
 
     @property
     def rows_per_second(self) -> float:
@@ -194,6 +197,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("result")
+        data.pop("result_rows")
         data["rows_per_second"] = round(self.rows_per_second, 1)
         data["wall_seconds"] = round(self.wall_seconds, 3)
         for stats in data["stages"].values():
@@ -204,7 +208,7 @@ class Report:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
         """A report read back from ``report.json``."""
-        known = {f.name for f in fields(cls)} - {"result"}
+        known = {f.name for f in fields(cls)} - {"result", "result_rows"}
         values = {k: v for k, v in data.items() if k in known}
         values["stages"] = {k: StageStats(**v) for k, v in data.get("stages", {}).items()}
         return cls(**values)
@@ -266,7 +270,8 @@ class Report:
         rows += [("events", event) for event in self.events]
         if self.rows_failed:
             where = (self.failures or {}).get("path") or "_errors/"  # a table's: its job's
-            rows.append(("rows failed", f"{self.rows_failed:,} (in the errors dataset, {where})"))
+            kept = f"in the errors dataset, {where}" if self.output else "not in the result"
+            rows.append(("rows failed", f"{self.rows_failed:,} ({kept})"))
         if self.totals and (len(self.runs) > 1 or self.units_skipped):
             # what the output holds in all, where earlier runs (a killed one leaves no
             # record of its own) committed part of it: their failed rows too

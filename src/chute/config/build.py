@@ -90,6 +90,7 @@ def build(config: JobConfig, base: str, overrides: dict[str, Any]) -> Job:
         engine=overrides.get("engine", config.engine),
         address=overrides.get("address", config.address),
         on_bad_input=config.on_bad_input,
+        max_failed_fraction=config.max_failed_fraction,
         metrics=tuple(_metric(i, spec, base) for i, spec in enumerate(config.metrics)),
         runtime_env=runtime_env,
     )

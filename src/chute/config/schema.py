@@ -119,6 +119,7 @@ class JobConfig(_Strict):
     """``auto`` or a registered engine (:data:`chute.engines.ENGINES`)."""
     address: str | None = None
     on_bad_input: Literal["fail", "skip"] = "fail"
+    max_failed_fraction: float = 0.5
     metrics: list[dict[str, Any]] = []
     """Each ``{type: auc_roc, label: …, score: …, by: …}``; see :mod:`chute.metrics`."""
     storage: StorageConfig = StorageConfig()

@@ -255,6 +255,11 @@ class JobSpec:
     on_bad_input: OnBadInput = "fail"
     """``fail`` stops on an unreadable or drifted input unit, naming it; ``skip`` leaves it
     out and lists it in the report."""
+    max_failed_fraction: float = 0.5
+    """Under ``on_error: quarantine`` (or ``on_bad_input: skip``), the largest share of a
+    run's rows that may fail: past it (once 1,000 rows, or all, are committed) the run stops
+    with a :class:`ModelError`, since a model that fails most rows is broken, not its rows.
+    ``1.0`` never stops. Not part of the job's identity: changing it resumes the job."""
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     """Ray's runtime environment for the job's workers when chute starts or joins Ray
     (``working_dir``, ``pip``, ``env_vars``, ...): how a job's own code reaches a cluster.
@@ -267,6 +272,12 @@ class JobSpec:
         object.__setattr__(self, "metrics", tuple(self.metrics))
         if self.on_bad_input not in ("fail", "skip"):
             raise ConfigError(f"on_bad_input {self.on_bad_input!r} is not one of fail, skip.")
+        share = self.max_failed_fraction
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ConfigError(
+                f"max_failed_fraction must be a share of the rows above 0 and at most 1 "
+                f"(1.0: never stop), got {share!r}."
+            )
         if not isinstance(self.engine, str) or not self.engine:
             raise ConfigError(f"engine must be 'auto' or an engine's name, not {self.engine!r}.")
         names = [m.name for m in self.models]

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from chute.errors import DataError, ModelError
@@ -21,9 +22,13 @@ from chute.plan import Plan
 from chute.report import ProgressBar, StageStats, add_counters, progress_note
 from chute.sinks import PartRecord, read_ipc
 from chute.sources import Unit
-from chute.stages import KEY
+from chute.stages import KEY, decode
 
 log = logging.getLogger("chute")
+
+
+FAILURE_SAMPLE = 1_000
+"""Rows committed before ``max_failed_fraction`` is checked (all of them, when fewer)."""
 
 
 class Committer:
@@ -255,6 +260,7 @@ class Committer:
         self.rows_in += rows
         self.rows_out += rows - failed
         self.rows_failed += failed
+        self._check_failures()
         entry: dict[str, Any] = {
             "unit": unit.id,
             "index": index,
@@ -275,6 +281,22 @@ class Committer:
             entry["table"] = tables
         return entry
 
+    def _check_failures(self) -> None:
+        """Stop a run whose failed rows pass the job's ``max_failed_fraction`` once 1,000
+        rows (or all the planned ones) are in: a model that raises on most rows is broken,
+        and quarantining them all would end the run "complete" with the output empty."""
+        share = self.plan.job.max_failed_fraction
+        seen = min(FAILURE_SAMPLE, self.plan.pending_rows or FAILURE_SAMPLE)
+        if not self.rows_failed or self.rows_in < seen or self.rows_failed <= share * self.rows_in:
+            return
+        raise ModelError(
+            f"{self.rows_failed:,} of the {self.rows_in:,} rows committed so far failed "
+            f"({self.rows_failed / self.rows_in:.0%}; the job allows {share:.0%}, "
+            "max_failed_fraction): a model that fails most rows is broken, not its rows. See "
+            "the errors dataset (_errors/) for why, fix the model and run the job again (what "
+            "was committed stays), or raise max_failed_fraction (1.0: never stop)."
+        )
+
     def absorb(self, entries: Iterable[dict[str, Any]]) -> None:
         """Merge the metric states of units committed by earlier runs (a resume)."""
         self.evaluation.merge(
@@ -284,12 +306,19 @@ class Committer:
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]
 
-    def result(self) -> pa.Table | None:
-        """In-memory rows in input order (only for runs without an output location)."""
+    def result(self) -> tuple[pa.Table | None, np.ndarray | None]:
+        """In-memory rows in input order (only for runs without an output location), and
+        each one's place in the input (a unit's offset and its row in the unit): rows a
+        model failed on are not among them, so the places tell which input row each is."""
         if not self._tables:
-            return None
+            return None, None
         ordered = sorted(self._tables, key=lambda t: (t[0], t[1]))
-        return pa.concat_tables([t for _, _, t in ordered]).drop_columns([KEY])
+        table = pa.concat_tables([t for _, _, t in ordered])
+        units, rows, _ = decode(table.column(KEY).to_numpy())
+        offsets = np.zeros(max(u.index for u in self.plan.units) + 1, dtype=np.int64)
+        for unit in self.plan.units:
+            offsets[unit.index] = unit.offset
+        return table.drop_columns([KEY]), offsets[units] + rows
 
 
 def _files(parts: list[PartRecord]) -> list[list[Any]]:

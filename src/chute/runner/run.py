@@ -173,7 +173,7 @@ def _execute(
     report = report_of(run, committer, stages)
     if ledger is not None:
         _finish(ledger, run, report)
-    report.result = committer.result()
+    report.result, report.result_rows = committer.result()
     return report
 
 
