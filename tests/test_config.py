@@ -189,3 +189,17 @@ def test_yes_and_no_in_a_job_file_are_text_and_true_and_false_are_booleans(
         "flags": [True, False, True],
         "choice": {"yes": "no"},
     }
+
+
+def test_max_failed_fraction_is_a_share_of_the_rows(tmp_path: Any) -> None:
+    from chute.config import load_job
+
+    path = tmp_path / "job.yaml"
+    base = "input: data/\noutput: out\nmodels: [{name: m, fn: 'm.py:f'}]\n"
+    (tmp_path / "m.py").write_text("def f(batch):\n    return batch\n")
+    path.write_text(base + "max_failed_fraction: 1.0\n")
+    assert load_job(str(path)).max_failed_fraction == 1.0
+    for bad in ("0", "1.5", "yes"):
+        path.write_text(base + f"max_failed_fraction: {bad}\n")
+        with pytest.raises(ConfigError, match="max_failed_fraction"):
+            load_job(str(path))
