@@ -12,6 +12,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+import chute
 from chute import Sink
 from chute.plan import Output
 from chute.sinks import (
@@ -342,3 +343,64 @@ def test_a_list_column_the_plan_cannot_see_is_refused_by_the_csv_writer(
     assert "column(s) 'm'" in str(info.value)
     assert "Write Parquet or JSON Lines instead" in str(info.value)
     assert not list(out.glob("part-*"))
+
+
+def _swaps(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    a, b = batch["id"] * 1.0, batch["id"] * 2.0
+    return {"a": a, "b": b} if batch["id"][0] % 20 == 0 else {"b": b, "a": a}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_every_file_has_the_columns_in_one_order(tmp_path: Path, fmt: str) -> None:
+    """A model returning {a, b} in one batch and {b, a} in another wrote files whose
+    columns came in two orders: a reader taking them by position swapped the values."""
+    table = pa.table({"id": np.arange(40), "t": pa.array(["x"] * 40, pa.large_string())})
+    model = chute.Model("m", _swaps, inputs=("id",), batch_format="numpy", batch_size=10)
+    job = chute.Job(
+        source=chute.TableSource(table, unit_rows=10),
+        models=(model,),
+        carryover=("id", "t"),  # large_string: the JSON Lines writer could not join it
+        output=chute.Sink(str(tmp_path / "out"), fmt, file_rows=10),  # type: ignore[arg-type]
+        engine="local",
+    )
+    job.run()
+    files = sorted((tmp_path / "out").glob("part-*"))
+    assert len(files) >= 2
+    for path in files:
+        if fmt == "csv":
+            head = path.read_text().splitlines()[0]
+            assert head == '"id","t","m_a","m_b"', head
+        elif fmt == "jsonl":
+            assert list(json.loads(path.read_text().splitlines()[0])) == ["id", "t", "m_a", "m_b"]
+        else:
+            assert pq.read_schema(path).names == ["id", "t", "m_a", "m_b"]
+
+
+@pytest.mark.parametrize(
+    ("column", "why"),
+    [("error_type", "errors dataset adds"), ("__chute_key", "chute's own")],
+)
+def test_a_carried_column_named_like_chutes_own_is_refused_before_compute(
+    tmp_path: Path, column: str, why: str
+) -> None:
+    """Carried beside a quarantined row, 'error_type' made the errors part's columns
+    collide after the data was committed; '__chute_key' failed with a KeyError."""
+    table = pa.table({"id": np.arange(4), column: ["x"] * 4})
+    model = chute.Model("m", _swaps, inputs=("id",), batch_format="numpy", on_error="quarantine")
+    job = chute.Job(
+        source=chute.TableSource(table),
+        models=(model,),
+        carryover=("*",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(chute.ConfigError, match=why):
+        job.run()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pool_of_a_number_is_that_many_replicas() -> None:
+    assert chute.Model("m", len, pool=3).pool == chute.Pool.fixed(3)
+    with pytest.raises(chute.ConfigError, match="pool must be"):
+        chute.Model("m", len, pool=0)

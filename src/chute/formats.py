@@ -103,6 +103,7 @@ def _json_values(array: pa.Array) -> pa.Array:
     elif pa.types.is_null(kind):
         return pa.array([NULL] * len(array), pa.string())
     elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and _plain_text(array):
+        array = array.cast(pa.string()) if pa.types.is_large_string(kind) else array
         escaped = pc.replace_substring(pc.replace_substring(array, "\\", "\\\\"), '"', '\\"')
         text = pc.cast(pc.binary_join_element_wise('"', escaped, '"', ""), pa.string())
     else:

@@ -347,11 +347,29 @@ def _check_adapter(model: Model) -> None:
             raise ConfigError(f"model {model.name!r}: {exc}") from exc
 
 
+ERROR_COLUMNS = ("model", "error_type", "error_message")
+"""The columns the errors dataset adds to the carried ones (``sinks.writer``)."""
+
+
 def _carryover(job: JobSpec, schema: pa.Schema) -> list[str]:
-    if job.carryover == ("*",):
-        return list(schema.names)
-    check_columns(schema, job.carryover, "carryover")
-    return list(job.carryover)
+    inner = [c for c in schema.names if c.startswith("__chute_")]
+    if inner:
+        raise ConfigError(
+            f"the input has a column named {inner[0]!r}: names that start with '__chute_' "
+            "are chute's own, for the rows it tracks. Rename the column."
+        )
+    carry = list(schema.names) if job.carryover == ("*",) else list(job.carryover)
+    if job.carryover != ("*",):
+        check_columns(schema, job.carryover, "carryover")
+    failing = job.on_bad_input == "skip" or any(m.on_error == "quarantine" for m in job.models)
+    taken = [c for c in carry if c in ERROR_COLUMNS]
+    if failing and taken:
+        raise ConfigError(
+            f"the carried column {taken[0]!r} has the name of a column the errors dataset "
+            f"adds ({', '.join(ERROR_COLUMNS)}): a failed row could not be written. Rename "
+            "it in a preprocess step, or leave it out of carryover."
+        )
+    return carry
 
 
 def _read_columns(job: JobSpec, schema: pa.Schema, carry: list[str]) -> list[str] | None:

@@ -172,6 +172,14 @@ class Model:
             object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "batch_size", BatchSize.parse(self.batch_size))
         object.__setattr__(self, "args", tuple(self.args))
+        pool: Any = self.pool
+        if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
+            object.__setattr__(self, "pool", Pool.fixed(pool))  # pool=4: four replicas
+        elif not isinstance(pool, Pool):
+            raise ConfigError(
+                f"model {self.name!r}: pool must be a number of replicas or chute.Pool(min=, "
+                f"max=), got {pool!r}."
+            )
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,8 @@ class ModelStage:
         with known.lock:
             if known.names is None:
                 known.names = names
-            wanted, types = known.names, known.types
+                known.order = [c for c in columns if c != marks]
+            wanted, types, order = known.names, known.types, list(known.order)
             for name, array in columns.items():
                 if name != marks and (
                     name not in types
@@ -270,7 +271,12 @@ class ModelStage:
                     "numpy or pandas, an integer column with a null arrives as float64 in "
                     "that batch only)."
                 ) from exc
-        return columns
+        # in the first batch's order: files whose columns come in two orders are read
+        # wrong by whatever takes columns by position (a CSV read without its header)
+        ordered = {name: columns[name] for name in order}
+        if marks in columns:
+            ordered[marks] = columns[marks]
+        return ordered
 
     def _slicer(self, view: pa.Table) -> Callable[[int, int], Any]:
         """Batches of rows ``lo..hi`` of ``view`` for bisection: NumPy batches are cut from
@@ -513,6 +519,8 @@ class OutputTypes:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.names: list[str] | None = None
+        self.order: list[str] = []
+        """The columns in the order of the first batch: every batch's, so every file's."""
         self.types: dict[str, pa.DataType] = {}
 
 
