@@ -131,6 +131,17 @@ def test_n_and_logprobs(llm_adapter: Any) -> None:
     assert len(out["logprobs"].to_pylist()[0]) == 5
 
 
+def openai_table(bodies: dict[str, tuple[str, dict[str, Any]]]) -> pa.Table:
+    """OpenAI Batch requests by custom_id: (url, body)."""
+    return pa.table(
+        {
+            "custom_id": list(bodies),
+            "url": [u for u, _ in bodies.values()],
+            "body": [json.dumps(b) for _, b in bodies.values()],
+        }
+    )
+
+
 def test_openai_requests_answer_every_line(llm_adapter: Any) -> None:
     adapter = llm_adapter(temperature=0, max_tokens=6)
     bodies = {
@@ -140,14 +151,7 @@ def test_openai_requests_answer_every_line(llm_adapter: Any) -> None:
         "body": ("/v1/chat/completions", {"prompt": "no messages"}),
         "emb": ("/v1/embeddings", {"input": "x"}),
     }
-    table = pa.table(
-        {
-            "custom_id": list(bodies),
-            "url": [u for u, _ in bodies.values()],
-            "body": [json.dumps(b) for _, b in bodies.values()],
-        }
-    )
-    out = adapter(table)
+    out = adapter(openai_table(bodies))
     lines = {json.loads(x)["custom_id"]: json.loads(x) for x in out["line"].to_pylist()}
     assert list(lines) == list(bodies)
     chat = lines["chat"]["response"]
@@ -183,14 +187,7 @@ def test_openai_requests_vllm_refuses_get_their_own_400_and_the_rest_are_served(
         "whole": ("/v1/completions", {"prompt": "a", "max_tokens": 3.0}),
         "chat": ("/v1/chat/completions", {"messages": chat, "max_tokens": 2, "logprobs": False}),
     }
-    table = pa.table(
-        {
-            "custom_id": list(bodies),
-            "url": [u for u, _ in bodies.values()],
-            "body": [json.dumps(b) for _, b in bodies.values()],
-        }
-    )
-    out = adapter(table)
+    out = adapter(openai_table(bodies))
     lines = {json.loads(x)["custom_id"]: json.loads(x) for x in out["line"].to_pylist()}
     assert out["status_code"].to_pylist() == [200, 400, 400, 200, 200]
     long = lines["long"]["response"]["body"]
