@@ -404,3 +404,33 @@ def test_a_pool_of_a_number_is_that_many_replicas() -> None:
     assert chute.Model("m", len, pool=3).pool == chute.Pool.fixed(3)
     with pytest.raises(chute.ConfigError, match="pool must be"):
         chute.Model("m", len, pool=0)
+
+
+def _nulls_first(batch: dict[str, np.ndarray]) -> dict[str, object]:
+    ids = batch["id"]
+    return {"y": pa.nulls(len(ids)) if ids[0] < 20 else ids * 1.0}
+
+
+@pytest.mark.timeout(120)
+def test_files_written_before_a_columns_type_was_known_get_it(tmp_path: Path, engine: str) -> None:
+    """A model returning only nulls in its first batches wrote files of the null type; a
+    reader of the finished output took the first file's schema and failed on the rest
+    ("Unsupported cast from double to null")."""
+    import pandas as pd
+
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=10),
+        models=(
+            chute.Model("m", _nulls_first, inputs=("id",), batch_format="numpy", batch_size=10),
+        ),
+        carryover=("id",),
+        output=chute.Sink(str(out), file_rows=10),
+        engine=engine,  # type: ignore[arg-type]
+    )
+    job.run()
+    assert {str(pq.read_schema(p).field("m_y").type) for p in out.glob("part-*")} == {"double"}
+    frame = pd.read_parquet(out).sort_values("id")
+    assert frame["m_y"].isna().sum() == 20 and frame["m_y"].iloc[-1] == 39.0
+    assert len(list(out.glob("part-*"))) == 4  # the files replaced are gone
+    assert "nothing to do" in (job.run().stopped or "")  # the ledger names the new files

@@ -463,6 +463,22 @@ class Ledger:
         for entry in batch:
             self._entries[entry["unit"]] = entry
 
+    def replace_file(self, old: str, new: str, size: int) -> None:
+        """Name ``new`` (``size`` bytes, the same rows) where the committed units name
+        ``old``, in new ledger lines that supersede theirs; then ``old`` goes. Stopped
+        between, the unreplaced one is an orphan: the next run removes it."""
+        replaced = []
+        for entry in self._entries.values():
+            files = entry.get("files") or []
+            if old not in entry.get("parts", ()) and not any(f[0] == old for f in files):
+                continue
+            moved = [[new, f[1], size, *f[3:]] if f[0] == old else f for f in files]
+            parts = [new if p == old else p for p in entry.get("parts", ())]
+            replaced.append({**entry, "files": moved, "parts": parts})
+        self.commit(replaced)
+        self._guard()
+        retrying(partial(self._delete, f"{self.root}/{old}"), f"removing {old}")
+
     def committed_parts(self) -> set[str]:
         return {p for e in self._entries.values() for p in e["parts"]}
 
@@ -574,6 +590,11 @@ class Ledger:
             return self.read_json("report.json")
         except JobStateError:
             return None
+
+
+def entry_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files of a ledger entry (see :func:`_files`)."""
+    return _files(entry)
 
 
 def _files(entry: dict[str, Any]) -> list[dict[str, Any]]:

@@ -48,6 +48,8 @@ class Committer:
         self.rows_in = 0
         self.rows_out = 0
         self.rows_failed = 0
+        self.saw_null = False
+        """Whether a part wrote a column of the ``null`` type (see :mod:`chute.runner.retype`)."""
         self.skipped: list[dict[str, str]] = []
         self._started = time.perf_counter()
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
@@ -102,6 +104,7 @@ class Committer:
         if not record.columns:
             return
         got = {name: kind for name, kind in json.loads(record.columns)}
+        self.saw_null = self.saw_null or "null" in got.values()
         known = self._columns
         if known is None:
             self._columns = got

@@ -23,6 +23,7 @@ from chute.preflight import check_job
 from chute.report import ProgressBar, Report
 from chute.runner.committer import Committer
 from chute.runner.reporting import Run, report_of
+from chute.runner.retype import retype_null_columns
 from chute.tableledger import TableLedger
 from chute.tables import Table, TableSink, check_schema, resolve
 
@@ -172,12 +173,12 @@ def _execute(
         )
     report = report_of(run, committer, stages)
     if ledger is not None:
-        _finish(ledger, run, report)
+        _finish(ledger, run, report, committer.saw_null)
     report.result, report.result_rows = committer.result()
     return report
 
 
-def _finish(ledger: Ledger, run: Run, report: Report) -> None:
+def _finish(ledger: Ledger, run: Run, report: Report, saw_null: bool = False) -> None:
     """Verify the result once more, then write the manifest and ``_SUCCESS``."""
     vanished = ledger.reconcile()
     unrecorded = [u.id for u in run.plan.units if u.id not in ledger.entries]
@@ -194,6 +195,11 @@ def _finish(ledger: Ledger, run: Run, report: Report) -> None:
             f"({', '.join(vanished[:5])}): something else deletes or rewrites files in "
             f"{report.output!r}. Nothing is marked finished; run the job again to redo them."
         )
+    sink = run.plan.job.output
+    if not isinstance(sink, TableSink) and sink is not None and sink.format == "parquet":
+        resumed = len(run.plan.pending) < len(run.plan.units)  # earlier runs' files too
+        if saw_null or resumed:
+            retype_null_columns(ledger)
     _history(ledger, run, report)
     ledger.finish(report.to_dict())  # report.html too: plain SVG, a few milliseconds
 

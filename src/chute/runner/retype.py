@@ -1,0 +1,79 @@
+"""Parquet files of an output written before a column's type was known, retyped before the
+output is marked finished.
+
+A model that returns only nulls in its first batches (``None`` for every row) gives an
+Arrow column of the ``null`` type; once a later batch has values, the column has their type
+(:meth:`chute.stages.ModelStage._typed`), but the files written before keep ``null``. A
+reader of the whole output takes the first file's schema, and cannot cast a later file's
+``double`` to ``null``: ``pandas.read_parquet("out/")`` failed on a finished output. So
+before ``_SUCCESS``, each such file is written again with the type the other files have
+(its values are all null: nothing changes but the type), under a new name, and its units'
+ledger lines name the new file (:meth:`chute.ledger.Ledger.replace_file`)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from chute.ledger import Ledger, entry_files
+from chute.retry import retrying
+from chute.sinks.files import write_parquet
+from chute.storage import put
+
+READERS = 16
+"""Footers read at once (an object store answers each in tens of milliseconds)."""
+
+
+def retype_null_columns(ledger: Ledger) -> list[str]:
+    """Write again the data files whose column is ``null`` where other files have a type;
+    the names of the files replaced."""
+    paths = sorted(
+        {
+            f["path"]
+            for entry in ledger.entries.values()
+            for f in entry_files(entry)
+            if not f["path"].startswith(f"{ledger.errors_dir}/")
+        }
+    )
+    with ThreadPoolExecutor(READERS) as pool:
+        schemas = dict(zip(paths, pool.map(partial(_schema, ledger), paths), strict=True))
+    final: dict[str, pa.DataType] = {}
+    for schema in schemas.values():
+        for field in schema:
+            if not pa.types.is_null(field.type):
+                final.setdefault(field.name, field.type)
+    replaced = []
+    for path, schema in schemas.items():
+        wanted = {
+            f.name: final[f.name] for f in schema if pa.types.is_null(f.type) and f.name in final
+        }
+        if wanted:
+            ledger.replace_file(path, *_rewrite(ledger, path, wanted))
+            replaced.append(path)
+    return replaced
+
+
+def _schema(ledger: Ledger, path: str) -> pa.Schema:
+    full = f"{ledger.root}/{path}"
+    return retrying(lambda: pq.read_schema(ledger.fs.open_input_file(full)), f"reading {path}")
+
+
+def _rewrite(ledger: Ledger, path: str, wanted: dict[str, pa.DataType]) -> tuple[str, int]:
+    """The file again, its all-null columns of the ``wanted`` types, under a new name (the
+    same unit and row, another tag): its new name and size."""
+    full = f"{ledger.root}/{path}"
+    table = retrying(lambda: pq.read_table(ledger.fs.open_input_file(full)), f"reading {path}")
+    for name, kind in wanted.items():
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, pa.field(name, kind), pa.nulls(table.num_rows, kind))
+    renamed = re.sub(r"-[0-9a-f]{8}(\.parquet)$", rf"-{uuid.uuid4().hex[:8]}\1", path)
+    target = f"{ledger.root}/{renamed}"
+    size = retrying(
+        lambda: put(ledger.fs, target, partial(write_parquet, table)), f"writing {renamed}"
+    )
+    return renamed, size
