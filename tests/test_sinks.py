@@ -434,3 +434,22 @@ def test_files_written_before_a_columns_type_was_known_get_it(tmp_path: Path, en
     assert frame["m_y"].isna().sum() == 20 and frame["m_y"].iloc[-1] == 39.0
     assert len(list(out.glob("part-*"))) == 4  # the files replaced are gone
     assert "nothing to do" in (job.run().stopped or "")  # the ledger names the new files
+
+
+def test_json_lines_write_bytes_as_base64_at_any_depth() -> None:
+    """Decoded with backslash escapes, b'\\xff' and the text '\\xff' were one string, and
+    bytes in a list were Python's repr ("b'a'")."""
+    import base64
+
+    from chute.formats import to_jsonl
+
+    values = [b"\xff", b"\\xff", None]
+    table = pa.table(
+        {
+            "b": pa.array(values, pa.binary()),
+            "l": pa.array([[b"a"], None, []], pa.list_(pa.binary())),
+        }
+    )
+    lines = [json.loads(line) for line in to_jsonl(table).splitlines()]
+    assert [x["b"] and base64.b64decode(x["b"]) for x in lines] == values
+    assert lines[0]["l"] == [base64.b64encode(b"a").decode()]

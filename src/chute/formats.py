@@ -13,6 +13,7 @@ the writer).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -154,8 +155,15 @@ def _finite(value: Any) -> Any:
 def _dumps(value: Any) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", errors="backslashreplace")
     return json.dumps(
-        value, default=str, allow_nan=False, ensure_ascii=False, separators=(",", ":")
+        value, default=_json_default, allow_nan=False, ensure_ascii=False, separators=(",", ":")
     )
+
+
+def _json_default(value: Any) -> Any:
+    """Bytes as base64 text (as BigQuery and Spark write binary to JSON: decoded with
+    backslash escapes, ``b'\\xff'`` and the text ``\\xff`` were one string); anything
+    else JSON lacks as its text."""
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
