@@ -92,6 +92,7 @@ class FaultProxy:
         self.unsigned = 0
         """Requests that carried no ``Authorization`` header (anonymous access)."""
         self.rates: dict[str, float] = {}
+        self._seed = seed
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -105,7 +106,10 @@ class FaultProxy:
         self.rates = {"503": slow_down, "500": internal, "drop": drop}
 
     def reset(self) -> None:
+        """Counts and faults to zero, and the fault draws afresh: a test's faults do not
+        depend on how many requests the tests before it made."""
         with self._lock:
+            self._random.seed(self._seed)
             self.counts.clear()
             self.faults.clear()
             self.unsigned = 0

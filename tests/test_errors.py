@@ -14,6 +14,7 @@ from chute.errors import (
     ModelError,
     ResourceError,
     StallError,
+    StorageError,
     did_you_mean,
     missing_columns_error,
 )
@@ -30,6 +31,7 @@ from chute.errors import (
         pytest.param(JobStateError, ChuteError, 5, id="JobStateError"),
         pytest.param(ResourceError, ChuteError, 6, id="ResourceError"),
         pytest.param(StallError, ResourceError, 7, id="StallError"),
+        pytest.param(StorageError, ChuteError, 1, id="StorageError"),
     ],
 )
 def test_error_tree_and_exit_codes(cls: type[ChuteError], parent: type, code: int) -> None:
@@ -57,6 +59,7 @@ def test_every_error_class_in_the_module_is_covered() -> None:
         "JobStateError",
         "ResourceError",
         "StallError",
+        "StorageError",
     }
 
 

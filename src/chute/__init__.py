@@ -19,6 +19,7 @@ from chute.errors import (
     ModelError,
     ResourceError,
     StallError,
+    StorageError,
 )
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ __all__ = [
     "Resources",
     "Sink",
     "StallError",
+    "StorageError",
     "TableSource",
     "adapter",
     "predict",
