@@ -184,14 +184,15 @@ def test_in_memory_result_is_in_input_order() -> None:
 
     committer.add([part(1, 3, 5, 5), part(0, 0, 5, 5)])
     committer.add([part(1, 0, 3, -1), part(1, 0, 3, -1)])  # a duplicate, in memory too
-    result = committer.result()
-    assert result is not None
+    result, rows = committer.result()
+    assert result is not None and rows is not None
     assert result.column_names == ["x"]
     assert result.column("x").to_pylist() == list(range(10))
+    assert rows.tolist() == list(range(10))  # each row's place in the input
 
 
 def test_no_result_without_in_memory_parts() -> None:
-    assert Committer(_plan(), None, None).result() is None
+    assert Committer(_plan(), None, None).result() == (None, None)
 
 
 # -- a resumed run on the local engine ---------------------------------------------------
