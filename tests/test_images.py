@@ -296,3 +296,24 @@ def test_a_decompression_bomb_is_an_unreadable_row(
         _read_all(ImageSource(str(tmp_path), size=(4, 4)))
     assert [row for row, _ in info.value.bad] == [0, 1]
     assert "decompression bomb" in str(info.value)
+
+
+def test_a_photo_whose_name_starts_with_an_underscore_is_read(tmp_path: Path) -> None:
+    """A camera names photos _DSC0001.JPG (Sony in Adobe RGB): they were left out of the
+    listing without a word, like Spark's _SUCCESS. Folders so named, and dot files, still
+    are; a Parquet folder still leaves out _-files."""
+    pixels = np.zeros((4, 4, 3), dtype=np.uint8)
+    for name in ("_DSC0001.JPG", "a.png", "_thumbs/b.png", ".hidden.png", "_SUCCESS"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        if name.lower().endswith((".jpg", ".png")):
+            Image.fromarray(pixels).save(tmp_path / name, format="PNG")
+        else:
+            (tmp_path / name).write_text("")
+    names = sorted(Path(p).name for p in ImageSource(str(tmp_path)).files())
+    assert names == ["_DSC0001.JPG", "a.png"]
+    (tmp_path / "parquet").mkdir()
+    for name in ("x.parquet", "_y.parquet"):
+        pd.DataFrame({"v": [1]}).to_parquet(tmp_path / "parquet" / name)
+    assert [Path(p).name for p in chute.FileSource(str(tmp_path / "parquet")).files()] == [
+        "x.parquet"
+    ]

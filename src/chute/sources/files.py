@@ -59,13 +59,18 @@ def _has_glob(path: str) -> bool:
 
 
 def _list_files(
-    fs: pafs.FileSystem, path: str, original: str, keep_empty: bool = False
+    fs: pafs.FileSystem,
+    path: str,
+    original: str,
+    keep_empty: bool = False,
+    underscore_files: bool = True,
 ) -> list[pafs.FileInfo]:
     """The files of a path, directory or glob: one recursive listing (paginated on an
     object store: one request per 1,000 objects), never a request per file."""
     try:
         return retrying(
-            lambda: _listing(fs, path, original, keep_empty), f"listing {redact(original)}"
+            lambda: _listing(fs, path, original, keep_empty, underscore_files),
+            f"listing {redact(original)}",
         )
     except ChuteError:
         raise
@@ -76,9 +81,14 @@ def _list_files(
 
 
 def _listing(
-    fs: pafs.FileSystem, path: str, original: str, keep_empty: bool = False
+    fs: pafs.FileSystem,
+    path: str,
+    original: str,
+    keep_empty: bool = False,
+    underscore_files: bool = True,
 ) -> list[pafs.FileInfo]:
-    """A folder's files leave out hidden ones and, unless ``keep_empty``, 0-byte ones."""
+    """A folder's files leave out hidden ones (:func:`_hidden`) and, unless
+    ``keep_empty``, 0-byte ones."""
     if _has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
@@ -102,7 +112,9 @@ def _listing(
     files = [
         i
         for i in infos
-        if i.is_file and not _hidden(i.path[len(path) :]) and (keep_empty or (i.size or 0) > 0)
+        if i.is_file
+        and not _hidden(i.path[len(path) :], underscore_files)
+        and (keep_empty or (i.size or 0) > 0)
     ]
     return sorted(files, key=lambda i: i.path)
 
@@ -226,8 +238,15 @@ def _text(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
-def _hidden(relative: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+def _hidden(relative: str, underscore_files: bool = True) -> bool:
+    """Whether a path under an input folder is left out of its listing: under a folder, or
+    named, with a leading '.' or '_' (hidden files, Spark's ``_SUCCESS``, chute's
+    ``_errors/``). Without ``underscore_files`` a file's own leading '_' keeps it (an image
+    source: a camera names photos ``_DSC0001.JPG``)."""
+    parts = [part for part in relative.split("/") if part]
+    if any(part.startswith((".", "_")) for part in parts[:-1]):
+        return True
+    return bool(parts) and parts[-1].startswith((".", "_") if underscore_files else ".")
 
 
 WHOLE_BLOCK_MAX = 1 << 30
@@ -303,6 +322,9 @@ class FileSource:
     """Whether chute's part files would be read as input where a folder or glob of the
     input reaches them (Parquet, CSV, JSON Lines: yes; images: never, not being images)."""
     KEEPS_EMPTY_FILES: ClassVar[bool] = False
+    KEEPS_UNDERSCORE_FILES: ClassVar[bool] = False
+    """Whether a file whose own name starts with '_' is listed (images: ``_DSC0001.JPG``);
+    folders that do are left out either way."""
     """Whether a folder's 0-byte files are listed: a table's hold no rows (left out); an
     image source's file is a row each, so one that is empty must be named, not lost."""
 
@@ -364,7 +386,8 @@ class FileSource:
                 check(original, self.storage)  # a missing bucket, refused credentials
                 fs, path = _filesystem(original, self.storage)
                 self._fs = fs
-                found.extend(_list_files(fs, path, original, self.KEEPS_EMPTY_FILES))
+                hides = not self.KEEPS_UNDERSCORE_FILES
+                found.extend(_list_files(fs, path, original, self.KEEPS_EMPTY_FILES, hides))
             if not found:
                 raise self._nothing_found()
             found = _distinct(found, self.filesystem)

@@ -99,6 +99,7 @@ class ImageSource(FileSource):
     """
 
     KEEPS_EMPTY_FILES = True
+    KEEPS_UNDERSCORE_FILES = True  # a camera's _DSC0001.JPG was left out without a word
     READS_PARTS = False
 
     def __init__(
