@@ -367,14 +367,16 @@ def test_every_file_has_the_columns_in_one_order(tmp_path: Path, fmt: str) -> No
     job.run()
     files = sorted((tmp_path / "out").glob("part-*"))
     assert len(files) >= 2
+    orders = set()
     for path in files:
         if fmt == "csv":
-            head = path.read_text().splitlines()[0]
-            assert head == '"id","t","m_a","m_b"', head
+            orders.add(tuple(path.read_text().splitlines()[0].replace('"', "").split(",")))
         elif fmt == "jsonl":
-            assert list(json.loads(path.read_text().splitlines()[0])) == ["id", "t", "m_a", "m_b"]
+            orders.add(tuple(json.loads(path.read_text().splitlines()[0])))
         else:
-            assert pq.read_schema(path).names == ["id", "t", "m_a", "m_b"]
+            orders.add(tuple(pq.read_schema(path).names))
+    # one order in every file: that of whichever batch came first (replicas run at once)
+    assert orders in ({("id", "t", "m_a", "m_b")}, {("id", "t", "m_b", "m_a")}), orders
 
 
 @pytest.mark.parametrize(
