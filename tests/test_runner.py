@@ -84,6 +84,26 @@ def test_a_unit_that_arrives_short_of_its_planned_rows_is_never_committed(tmp_pa
     assert Ledger.open(str(tmp_path), "fp", {}, False).entries == {}
 
 
+def test_the_unit_that_passes_the_failed_share_is_neither_counted_nor_committed(
+    tmp_path: Path,
+) -> None:
+    """The units completed before it are committed; it is not, nor counted in the report
+    (it was counted as done and left out of the ledger)."""
+    from dataclasses import replace
+
+    table = pa.table({"x": np.arange(10, dtype=np.int64)})
+    job = Job(TableSource(table, unit_rows=5), (Model("m", double),), max_failed_fraction=0.4)
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False)
+    committer = Committer(build_plan(job), ledger, None)
+    failing = replace(_rec(1, 0, 5, 5), error_rows=5, errors_path="_errors/part-1")
+    with pytest.raises(chute.ModelError, match=r"5 of the 10 rows .* allows 40%"):
+        committer.add([_rec(0, 0, 5, 5), failing])
+    assert committer.done == {0}
+    assert (committer.rows_in, committer.rows_failed) == (5, 0)
+    committer.flush()
+    assert list(Ledger.open(str(tmp_path), "fp", {}, False).entries) == ["memory[0:5]"]
+
+
 def test_unit_total_comes_from_the_last_part() -> None:
     committer = Committer(_plan(), None, None)
     committer.add([_rec(0, 0, 5)])  # all rows, but no part says it holds the last one

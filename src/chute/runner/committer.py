@@ -234,9 +234,14 @@ class Committer:
     def _commit(self, indexes: list[int]) -> None:
         if not indexes:
             return
-        entries = [self._entry(index, self._parts.pop(index)) for index in indexes]
+        entries: list[dict[str, Any]] = []
+        try:  # the units before one that stops the run (max_failed_fraction) are kept
+            for index in indexes:
+                entries.append(self._entry(index, self._parts.pop(index)))
+        finally:
+            with self._lock:
+                self._pending.extend(entries)
         with self._lock:
-            self._pending.extend(entries)
             if self._due():
                 self._flush()
         if self.bar is not None:
@@ -259,11 +264,11 @@ class Committer:
         skipped = next((p.skipped for p in parts if p.skipped), "")
         rows = 0 if skipped else self._totals[index]
         failed = sum(p.error_rows for p in parts)
-        self.done.add(index)
+        self._check_failures(self.rows_in + rows, self.rows_failed + failed)
+        self.done.add(index)  # counted only once it is to be committed
         self.rows_in += rows
         self.rows_out += rows - failed
         self.rows_failed += failed
-        self._check_failures()
         entry: dict[str, Any] = {
             "unit": unit.id,
             "index": index,
@@ -279,22 +284,26 @@ class Committer:
         if skipped:
             entry["skipped"] = skipped
             self.skipped.append({"unit": unit.id, "error": skipped})
+        nulls = sorted({p.path for p in parts if p.path and _has_null(p.columns)})
+        if nulls:  # files to type once the column's type is known (chute.runner.retype)
+            entry["nulls"] = nulls
         tables = [json.loads(p.table) for p in parts if p.table]
         if tables:  # a table output: the parts' schemas (and Lance fragments) to commit
             entry["table"] = tables
         return entry
 
-    def _check_failures(self) -> None:
-        """Stop a run whose failed rows pass the job's ``max_failed_fraction`` once 1,000
-        rows (or all the planned ones) are in: a model that raises on most rows is broken,
-        and quarantining them all would end the run "complete" with the output empty."""
+    def _check_failures(self, rows_in: int, failed: int) -> None:
+        """Stop a run whose failed rows would pass the job's ``max_failed_fraction`` once
+        1,000 rows (or all the planned ones) are in, before the unit that passes it is
+        counted or committed: a model that raises on most rows is broken, and quarantining
+        them all would end the run "complete" with the output empty."""
         share = self.plan.job.max_failed_fraction
         seen = min(FAILURE_SAMPLE, self.plan.pending_rows or FAILURE_SAMPLE)
-        if not self.rows_failed or self.rows_in < seen or self.rows_failed <= share * self.rows_in:
+        if not failed or rows_in < seen or failed <= share * rows_in:
             return
         raise ModelError(
-            f"{self.rows_failed:,} of the {self.rows_in:,} rows committed so far failed "
-            f"({self.rows_failed / self.rows_in:.0%}; the job allows {share:.0%}, "
+            f"{failed:,} of the {rows_in:,} rows committed so far failed "
+            f"({failed / rows_in:.0%}; the job allows {share:.0%}, "
             "max_failed_fraction): a model that fails most rows is broken, not its rows. See "
             "the errors dataset (_errors/) for why, fix the model and run the job again (what "
             "was committed stays), or raise max_failed_fraction (1.0: never stop)."
@@ -322,6 +331,12 @@ class Committer:
         for unit in self.plan.units:
             offsets[unit.index] = unit.offset
         return table.drop_columns([KEY]), offsets[units] + rows
+
+
+def _has_null(columns: str) -> bool:
+    """Whether a part's columns (:func:`~chute.sinks.records.describe_columns`) include one
+    of the ``null`` type."""
+    return bool(columns) and any(kind == "null" for _, kind in json.loads(columns))
 
 
 def _files(parts: list[PartRecord]) -> list[list[Any]]:
