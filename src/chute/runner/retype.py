@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -31,7 +32,9 @@ READERS = 16
 
 def retype_null_columns(ledger: Ledger) -> list[str]:
     """Write again the data files whose column is ``null`` where other files have a type;
-    the names of the files replaced."""
+    the names of the files replaced. Only the footers of the files the ledger marks
+    (``"nulls"``) are read, and of others until each such column's type is found; an
+    output begun by a chute that did not mark them has every footer read."""
     paths = sorted(
         {
             f["path"]
@@ -40,13 +43,19 @@ def retype_null_columns(ledger: Ledger) -> list[str]:
             if not f["path"].startswith(f"{ledger.errors_dir}/")
         }
     )
+    suspects = paths
+    if ledger.marks_nulls:
+        marked = {p for entry in ledger.entries.values() for p in entry.get("nulls", ())}
+        suspects = [p for p in paths if p in marked]
     with ThreadPoolExecutor(READERS) as pool:
-        schemas = dict(zip(paths, pool.map(partial(_schema, ledger), paths), strict=True))
-    final: dict[str, pa.DataType] = {}
-    for schema in schemas.values():
-        for field in schema:
-            if not pa.types.is_null(field.type):
-                final.setdefault(field.name, field.type)
+        schemas = dict(zip(suspects, pool.map(partial(_schema, ledger), suspects), strict=True))
+        final = _types(schemas.values())
+        untyped = {f.name for s in schemas.values() for f in s if pa.types.is_null(f.type)}
+        others = [p for p in paths if p not in schemas]
+        while others and not untyped <= final.keys():  # a few typed files tell the type
+            chunk, others = others[:READERS], others[READERS:]
+            for typed in _types(pool.map(partial(_schema, ledger), chunk)).items():
+                final.setdefault(*typed)
     replaced = []
     for path, schema in schemas.items():
         wanted = {
@@ -56,6 +65,16 @@ def retype_null_columns(ledger: Ledger) -> list[str]:
             ledger.replace_file(path, *_rewrite(ledger, path, wanted))
             replaced.append(path)
     return replaced
+
+
+def _types(schemas: Iterable[pa.Schema]) -> dict[str, pa.DataType]:
+    """Each column's type in the first of ``schemas`` where it is not ``null``."""
+    final: dict[str, pa.DataType] = {}
+    for schema in schemas:
+        for field in schema:
+            if not pa.types.is_null(field.type):
+                final.setdefault(field.name, field.type)
+    return final
 
 
 def _schema(ledger: Ledger, path: str) -> pa.Schema:
