@@ -18,6 +18,7 @@ import pytest
 
 import chute
 from chute.models import adapter
+from tests.runs import local_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -411,19 +412,6 @@ def test_sentence_transformers_step_leaves_unknown_models_to_the_replica(tmp_pat
     assert Tokenize("emb", {"path": str(copy)})(_awkward_texts()) == {}
 
 
-@pytest.mark.timeout(120)
-def quarantined(table: pa.Table, model: chute.Model, out: Path) -> chute.Report:
-    """Run ``model`` (on_error: quarantine) over ``table`` locally into ``out``, id carried."""
-    job = chute.Job(
-        source=chute.TableSource(table),
-        models=(model,),
-        carryover=("id",),
-        output=chute.Sink(str(out)),
-        engine="local",
-    )
-    return job.run()
-
-
 def test_a_corrupt_image_is_quarantined_and_the_rest_predicted(vit: str, tmp_path: Path) -> None:
     """The CPU step fails on the batch holding a corrupt image: that batch goes on
     unprepared, and the model stage isolates the one bad row."""
@@ -438,7 +426,7 @@ def test_a_corrupt_image_is_quarantined_and_the_rest_predicted(vit: str, tmp_pat
         on_error="quarantine",
     )
     out = tmp_path / "out"
-    report = quarantined(table, model, out)
+    report = local_run(table, model, out)
     import pandas as pd
 
     result = pd.read_parquet(out).sort_values("id")
@@ -612,7 +600,7 @@ def test_a_null_text_is_that_rows_error_not_the_text_none(
         spec = adapter(kind, path=minilm_dir())
     model = chute.Model("m", spec, inputs=["text"], on_error="quarantine", batch_size=4)
     out = tmp_path / "out"
-    report = quarantined(table, model, out)
+    report = local_run(table, model, out)
     errors = pq.read_table(out / "_errors")
     assert report.rows_failed == 1 and errors.column("id").to_pylist() == [5]
     assert "holds a null" in errors.column("error_message")[0].as_py()

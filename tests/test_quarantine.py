@@ -16,6 +16,7 @@ import chute
 from chute import Model
 from chute.stages import ModelStage, tag
 from chute.stages.rows import ERROR_MESSAGE, ERROR_TYPE, healthy_rows
+from tests.runs import local_run
 
 N = 4_096
 
@@ -139,14 +140,7 @@ def test_a_null_list_is_that_rows_error_not_a_shift_of_every_later_row(tmp_path:
     table = pa.table({"id": np.arange(8), "v": vectors})
     model = Model("m", _sums, inputs=["v"], batch_format="numpy", on_error="quarantine")
     out = tmp_path / "out"
-    job = chute.Job(
-        source=chute.TableSource(table),
-        models=(model,),
-        carryover=("id",),
-        output=chute.Sink(str(out)),
-        engine="local",
-    )
-    assert job.run().rows_failed == 1
+    assert local_run(table, model, out).rows_failed == 1
     errors = pq.read_table(out / "_errors")
     assert errors.column("id").to_pylist() == [5]
     assert "column 'v'" in errors.column("error_message")[0].as_py()
