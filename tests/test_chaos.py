@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 import chute
+from chute.config import load_job
 from chute.metrics import metric_from_spec
 from tests.chaos_job import (
     HERE,
@@ -230,6 +231,69 @@ def test_a_torn_last_ledger_line_does_not_swallow_the_next_commit(
     assert proc.returncode == 0, stderr
     assert final_report(out)["units_skipped"] == len(whole) - 1  # the torn unit was redone
     check_exactly_once(out, expected)
+
+
+# --------------------------------------------------------------------------- 1c. --overwrite
+
+
+def _fingerprint(out: Path) -> str:
+    try:
+        return str(json.loads((out / "_chute" / "job.json").read_text())["fingerprint"])
+    except (OSError, ValueError, KeyError):
+        return ""  # not there, or being written
+
+
+@pytest.mark.timeout(240)
+def test_an_overwrite_killed_at_any_point_loses_neither_results(
+    data: Path, expected: pd.DataFrame, tmp_path: Path
+) -> None:
+    """``--overwrite`` over a finished output of another job, SIGKILLed: before its first
+    commit the earlier results are all still there; once it has committed, running the
+    same command again, or the job without ``--overwrite``, finishes the new job with every
+    row once and nothing of the earlier one left."""
+    out = tmp_path / "out"
+    earlier = write_job(tmp_path / "earlier.yaml", data, out, "local")
+    spec = json.loads(earlier.read_text())
+    spec["carryover"] = ["id"]  # another job: its files have no "tag"
+    earlier.write_text(json.dumps(spec))
+    assert load_job(str(earlier)).run().complete
+    old = ledger_units(out)
+    old_files = {p for e in old for p in e["parts"]}
+    old_print = _fingerprint(out)
+    job = write_job(tmp_path / "job.yaml", data, out, "local", delay=0.05)
+
+    def replacing() -> bool:  # claimed: _SUCCESS goes at once; the new job not yet written
+        return not (out / "_SUCCESS").exists()
+
+    def committed_new(units: int) -> Any:
+        return lambda: _fingerprint(out) not in ("", old_print) and ledger_lines(out) >= units
+
+    runs = [  # the flag the user runs it with, and when it is killed
+        ("--overwrite", replacing),
+        ("--overwrite", committed_new(2)),  # the same command again
+        ("", committed_new(8)),  # or the job again, without the flag: it resumes
+        ("", None),  # left to finish
+    ]
+    for n, (flag, point) in enumerate(runs):
+        proc = start_driver(job, driver_env(), *([flag] if flag else []))
+        try:
+            if point is None:
+                _, stderr = proc.communicate(timeout=120)
+                assert proc.returncode == 0, stderr
+            else:
+                assert wait_for(point, proc, timeout=100), f"run {n} never reached its point"
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+                assert proc.returncode == -signal.SIGKILL, f"run {n} ended before the kill"
+        finally:
+            reap(proc)
+        if n == 0 and _fingerprint(out) == old_print:  # nothing committed: all still there
+            assert ledger_units(out) == old
+            assert old_files <= {p.name for p in out.iterdir()}
+        elif n == 0:  # else it committed (the earlier results go at its first commit)
+            assert ledger_lines(out) >= 1, "the earlier results went before any new commit"
+    check_exactly_once(out, expected)
+    assert not old_files & {p.name for p in out.iterdir()}
 
 
 # --------------------------------------------------------------------------- 4. Ctrl-C
