@@ -424,6 +424,28 @@ def test_non_contiguous_2d_array_keeps_rows() -> None:
     assert table.column("m").to_pylist() == values.tolist()
 
 
+def test_masked_values_are_nulls_not_their_fill_data() -> None:
+    """``np.asarray`` drops a masked array's mask: the values hidden under it were written
+    as if the model had returned them."""
+    scores = np.ma.masked_array([0.5, 9.9, 0.7, 0.1], mask=[0, 1, 0, 0])
+    assert _run({"s": scores}).column("m_s").to_pylist() == [0.5, None, 0.7, 0.1]
+    grid = np.ma.masked_array(np.arange(8.0).reshape(4, 2), mask=[[0, 1]] + [[0, 0]] * 3)
+    assert _run(grid).column("m").to_pylist()[:2] == [[0.0, None], [2.0, 3.0]]
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        pytest.param({1: np.zeros(4), "1": np.ones(4)}, id="keys-alike-as-text"),
+        pytest.param(pd.DataFrame([[1, 2]] * 4, columns=["a", "a"]), id="repeated-frame-column"),
+    ],
+)
+def test_two_outputs_of_one_name_are_refused_not_merged(out: Any) -> None:
+    """The second replaced the first (a dict), or both became one list column (a frame)."""
+    with pytest.raises(ModelError, match=r"two outputs that both become the column 'm_"):
+        _run(out)
+
+
 def test_dataframe_output_gets_prefixed_columns() -> None:
     frame = pd.DataFrame({"a": [1, 2, 3, 4], "b": [0.5, 1.5, 2.5, 3.5]})
     table = _run(frame)

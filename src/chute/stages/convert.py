@@ -65,13 +65,19 @@ def to_columns(
         items: list[tuple[str | None, Any]] = list(zip(out.column_names, out.columns, strict=True))
     elif isinstance(out, dict):
         items = list(out.items())
-    elif type(out).__name__ == "DataFrame":
-        items = [(str(c), out[c].to_numpy()) for c in out.columns]
+    elif type(out).__name__ == "DataFrame":  # by position: a repeated name is one column each
+        items = [(str(c), out.iloc[:, i].to_numpy()) for i, c in enumerate(out.columns)]
     else:
         items = [(None, out)]
     columns: dict[str, pa.Array] = {}
     for key, values in items:
         name = _column_name(prefix, key, who)
+        if name in columns:  # {1: a, "1": b}, or a frame's repeated column: one would be lost
+            raise ModelError(
+                f"{who} returned two outputs that both become the column {name!r} (a repeated "
+                "column name, or keys such as 1 and '1'): one would replace the other. Give "
+                "each output a name of its own."
+            )
         array = _to_arrow(values, name, who)
         if len(array) != num_rows:
             raise ModelError(
@@ -119,12 +125,25 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
         return values
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
+    if isinstance(values, np.ma.MaskedArray):  # masked values are nulls, not their fill data
+        return _masked(values, name, who)
     try:
         arr = np.asarray(values)
         if arr.ndim == 2:
             flat = pa.array(np.ascontiguousarray(arr).ravel())
             return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
         return pa.array(arr)
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+def _masked(values: np.ma.MaskedArray, name: str, who: str) -> pa.Array:
+    data, mask = np.ascontiguousarray(values.data), np.ma.getmaskarray(values)
+    try:
+        if data.ndim == 2:
+            flat = pa.array(data.ravel(), mask=mask.ravel())
+            return pa.FixedSizeListArray.from_arrays(flat, data.shape[1])
+        return pa.array(data, mask=mask)
     except (TypeError, ValueError, pa.ArrowException) as exc:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
 
