@@ -317,3 +317,15 @@ def test_a_photo_whose_name_starts_with_an_underscore_is_read(tmp_path: Path) ->
     assert [Path(p).name for p in chute.FileSource(str(tmp_path / "parquet")).files()] == [
         "x.parquet"
     ]
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_a_16_bit_grayscale_png_is_scaled_to_8_bits_not_clipped(tmp_path: Path, mode: str) -> None:
+    """Pillow's convert clips a 16-bit picture's values at 255: every pixel but the darkest
+    came out white, and the model scored a blank image."""
+    values = (np.arange(16, dtype=np.uint16) * 4369).reshape(4, 4)  # 0 .. 65,535
+    Image.fromarray(values).save(tmp_path / "scan.png")
+    pixels = _pixels(_read_all(ImageSource(str(tmp_path), mode=mode)))  # type: ignore[arg-type]
+    expected = (np.arange(16) * 17).reshape(4, 4)  # 4,369 × 255 / 65,535 = 17
+    for channel in range(pixels.shape[-1]):
+        np.testing.assert_array_equal(pixels[0, :, :, channel], expected)

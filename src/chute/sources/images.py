@@ -15,7 +15,8 @@ decodes its files with Pillow into two columns:
 Every image must have the same shape: give ``size: [height, width]`` to resize them all
 (bilinear, as ``PIL.Image.resize`` with ``Resampling.BILINEAR``), or the first image's shape is
 the shape and an image of another is a data error. Pixels are taken as stored (no EXIF
-rotation); transparency is dropped by the conversion to ``mode``.
+rotation); transparency is dropped by the conversion to ``mode``, and a 16-bit grayscale PNG is
+scaled to 8 bits.
 
 An image that cannot be decoded follows ``on_bad_input``: ``fail`` stops the job naming the
 file; ``skip`` writes that one row (with its carryover, such as ``path``) to the errors
@@ -221,7 +222,7 @@ class ImageSource(FileSource):
     def _decode(self, path: str, shape: tuple[int, int, int]) -> np.ndarray:
         image = _open_image(self._bytes(path), path)
         try:
-            image = image.convert(self.options.mode)
+            image = _eight_bits(image).convert(self.options.mode)
             if self.options.size is not None and (image.height, image.width) != shape[:2]:
                 image = image.resize((shape[1], shape[0]), _pil().Resampling.BILINEAR)
             array = np.asarray(image, dtype=np.uint8)
@@ -318,3 +319,17 @@ def looks_like_images(paths: str | Sequence[str]) -> bool:
 def _has_extension(path: str) -> bool:
     """Named like a data file chute reads as a table."""
     return os.path.splitext(path)[1].lower() in FORMATS
+
+
+SIXTEEN_BITS = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+"""Pillow's modes of a 16-bit grayscale PNG (``I`` in older releases)."""
+
+
+def _eight_bits(image: Any) -> Any:
+    """A 16-bit grayscale image scaled to 8 bits (65,535 to 255, rounded): Pillow's
+    ``convert`` clips it instead, so every value from 255 up (all but the darkest of a
+    16-bit picture) became white."""
+    if image.mode not in SIXTEEN_BITS:
+        return image
+    values = np.asarray(image).astype(np.float64)
+    return _pil().fromarray(np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8))
