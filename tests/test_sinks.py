@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
@@ -488,3 +491,44 @@ def test_json_lines_write_bytes_as_base64_at_any_depth() -> None:
     lines = [json.loads(line) for line in to_jsonl(table).splitlines()]
     assert [x["b"] and base64.b64decode(x["b"]) for x in lines] == values
     assert lines[0]["l"] == [base64.b64encode(b"a").decode()]
+
+
+def _elapsed(batch: pa.Table, log: bool = True) -> dict[str, pa.Array]:
+    seconds = pa.array([1.5, -2.0, None, 0.000001] * (batch.num_rows // 4))
+    micros = pc.multiply(seconds, 1e6).cast(pa.int64()).cast(pa.duration("us"))
+    out = {"took": micros.cast(pa.duration("ms"), safe=False), "exact": micros}
+    if log:  # CSV holds no struct
+        at = pa.array([datetime.datetime(2024, 1, 1, 12, 30)] * batch.num_rows)
+        out["log"] = pa.StructArray.from_arrays([at], ["at"])
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_durations_keep_their_unit_and_nested_times_are_iso(tmp_path: Path, fmt: str) -> None:
+    """CSV wrote a duration as a bare count of its unit (1500 for 1.5 s in milliseconds)
+    and JSON Lines as Python's text ("0:00:01.500000"); a timestamp in a struct was Python's
+    "2024-01-01 12:30:00" where one at the top is ISO 8601."""
+    import pandas as pd
+
+    fn = partial(_elapsed, log=fmt == "jsonl")
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(8)})),
+        models=(chute.Model("m", fn, inputs=("id",), batch_format="pyarrow"),),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out"), fmt),  # type: ignore[arg-type]
+        engine="local",
+    )
+    job.run()
+    files = sorted((tmp_path / "out").glob("part-*"))
+    if fmt == "csv":
+        frame = pd.concat(pd.read_csv(f) for f in files).sort_values("id")
+        took, exact = frame.m_took.tolist(), frame.m_exact.tolist()
+    else:
+        lines = (json.loads(line) for f in files for line in f.read_text().splitlines())
+        rows = sorted(lines, key=lambda r: int(r["id"]))
+        took, exact = [r["m_took"] for r in rows], [r["m_exact"] for r in rows]
+        assert {r["m_log"]["at"] for r in rows} == {"2024-01-01T12:30:00"}
+    missing: object = float("nan") if fmt == "csv" else None
+    assert str(took[:4]) == str(["PT1.5S", "-PT2S", missing, "PT0S"])  # whole milliseconds
+    assert str(exact[:4]) == str(["PT1.5S", "-PT2S", missing, "PT0.000001S"])
+    assert pd.to_timedelta(exact[0]) == pd.Timedelta(seconds=1.5)

@@ -3,8 +3,11 @@
 JSON Lines keeps every float exactly: a float is written as the shortest text that reads
 back as the same number (``repr``; float32 values as float32), so ``-1.8644377440187592``
 stays ``-1.8644377440187592``. NaN and ±infinity, which JSON cannot hold, are written as
-``null``, like a missing value. Timestamps are ISO 8601 strings, dates ``YYYY-MM-DD``;
-lists and structs are JSON arrays and objects.
+``null``, like a missing value. Timestamps are ISO 8601 strings, dates ``YYYY-MM-DD``,
+at any depth; durations are ISO 8601 durations (``PT1.5S``), here and in CSV, which would
+write a bare count of the column's unit; decimals are strings (exact); lists and structs
+are JSON arrays and objects, maps arrays of ``[key, value]`` pairs (keys of any type, kept
+in order).
 
 CSV holds flat columns only: a list, tensor or struct column cannot be written to it
 (:func:`csv_error`, raised when the job is planned where the column is known, else by
@@ -14,6 +17,7 @@ the writer).
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -49,6 +53,36 @@ def check_csv(schema: pa.Schema) -> None:
     bad = [(f.name, f.type) for f in schema if nested(f.type)]
     if bad:
         raise csv_error(bad)
+
+
+def csv_ready(table: pa.Table) -> pa.Table:
+    """``table`` as CSV writes it faithfully: durations as ISO 8601 text (Arrow's CSV
+    writer gives a bare count, ``1500`` for 1.5 s in milliseconds, its unit lost)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_duration(field.type):
+            text = iso_durations(table.column(i).combine_chunks())
+            table = table.set_column(i, pa.field(field.name, pa.string()), text)
+    return table
+
+
+SCALES = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+"""Counts of a duration's unit in a second."""
+
+
+def iso_durations(array: pa.Array) -> pa.Array:
+    """Durations as ISO 8601 text (``PT1.5S``, ``-PT0.001S``); nulls stay null."""
+    scale = SCALES[array.type.unit]
+    counts = array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).tolist()
+    text = [_iso_duration(count, scale) for count in counts]
+    return pa.array(text, pa.string(), mask=np.asarray(array.is_null()))
+
+
+def _iso_duration(count: int, scale: int) -> str:
+    whole, fraction = divmod(abs(count), scale)
+    seconds = str(whole)
+    if fraction:
+        seconds += "." + f"{fraction:0{len(str(scale)) - 1}d}".rstrip("0")
+    return f"{'-' if count < 0 else ''}PT{seconds}S"
 
 
 def openai_lines(table: pa.Table) -> bytes:
@@ -101,6 +135,9 @@ def _json_values(array: pa.Array) -> pa.Array:
         text = pc.cast(array, pa.string())
     elif pa.types.is_boolean(kind):
         text = pc.if_else(array, "true", "false")
+    elif pa.types.is_duration(kind):
+        quoted = pc.binary_join_element_wise('"', iso_durations(array), '"', "")
+        text = pc.cast(quoted, pa.string())
     elif pa.types.is_null(kind):
         return pa.array([NULL] * len(array), pa.string())
     elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and _plain_text(array):
@@ -162,8 +199,16 @@ def _dumps(value: Any) -> str | None:
 
 def _json_default(value: Any) -> Any:
     """Bytes as base64 text (as BigQuery and Spark write binary to JSON: decoded with
-    backslash escapes, ``b'\\xff'`` and the text ``\\xff`` were one string); anything
-    else JSON lacks as its text."""
+    backslash escapes, ``b'\\xff'`` and the text ``\\xff`` were one string); times inside
+    lists and structs as at the top (ISO 8601); anything else JSON lacks as its text."""
     if isinstance(value, bytes | bytearray):
         return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime.timedelta):
+        nanos = getattr(value, "value", None)  # pandas' Timedelta: a count of nanoseconds
+        if isinstance(nanos, int):
+            return _iso_duration(nanos, 10**9)
+        micros = (value.days * 86_400 + value.seconds) * 10**6 + value.microseconds
+        return _iso_duration(micros, 10**6)
+    if isinstance(value, datetime.date | datetime.time):  # datetimes too
+        return value.isoformat()
     return str(value)

@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from chute.formats import check_csv
+from chute.formats import check_csv, csv_ready
 from chute.retry import retrying
 from chute.sinks.files import encode, parquet_options
 from chute.sinks.records import PartRecord
@@ -121,6 +121,8 @@ class DataFile:
             self._out = pa.BufferOutputStream()
 
     def _encode(self, table: pa.Table) -> None:
+        if self._fmt == "csv":
+            table = csv_ready(table)
         if self._encoder is None and self._fmt == "parquet":
             options = parquet_options(table)
             self._encoder = pq.ParquetWriter(self._out, table.schema, **options)

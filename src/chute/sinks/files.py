@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from chute.formats import check_csv, openai_lines, to_jsonl
+from chute.formats import check_csv, csv_ready, openai_lines, to_jsonl
 from chute.job import FileTarget
 from chute.sinks.records import PartRecord, Run, runs
 from chute.stages import KEY
@@ -143,7 +143,7 @@ def encode(table: pa.Table, fmt: str) -> bytes:
         write_parquet(table, buf)
     elif fmt == "csv":
         check_csv(table.schema)  # a list column the plan could not foresee
-        pacsv.write_csv(table, buf)
+        pacsv.write_csv(csv_ready(table), buf)
     elif fmt == "openai-batch":
         return openai_lines(table)
     else:
