@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1028,3 +1029,60 @@ def test_a_table_jobs_record_cut_short_is_named_with_what_to_do(data: Path, tmp_
             job.run(overwrite=overwrite)
         assert "table's own tools" in str(info.value)
     assert len(read_table(sink)) == ROWS  # no row added twice
+
+
+def _scores(batch: dict[str, np.ndarray], holes: bool = False) -> dict[str, list[float | None]]:
+    return {"score": [None if holes and i % 7 == 3 else i / 2 for i in batch["id"].tolist()]}
+
+
+def _strict_table(fmt: str, sink: TableSink) -> None:
+    """A table whose columns are NOT NULL (Iceberg: required), holding one row."""
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), False), pa.field("m_score", pa.float64(), False)]
+    )
+    seed = pa.table({"id": [-1], "m_score": [0.0]}, schema=schema)
+    if fmt == "iceberg":
+        from pyiceberg.catalog import load_catalog
+
+        from chute.tables.iceberg import catalog_properties
+
+        catalog = load_catalog("default", **catalog_properties(sink))
+        catalog.create_namespace("db")
+        catalog.create_table(sink.table, schema=schema).append(seed)
+    elif fmt == "delta":
+        from deltalake import write_deltalake
+
+        write_deltalake(sink.path, seed)
+    else:
+        import lance
+
+        lance.write_dataset(seed, sink.path)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_not_null_columns_are_written_as_such_and_a_null_stops_the_run(
+    fmt: str, tmp_path: Path
+) -> None:
+    """chute adds its own files to a table, so the table's library never checked them:
+    Delta took nulls into a NOT NULL column and reported the run complete, Lance failed
+    with an I/O error, and Iceberg refused every file for a required column, null or not."""
+    sink = table_sink(fmt, tmp_path)
+    _strict_table(fmt, sink)
+
+    def scores(holes: bool, carryover: tuple[str, ...] = ("id",)) -> chute.Job:
+        model = chute.Model(
+            "m", partial(_scores, holes=holes), inputs=("id",), batch_format="numpy"
+        )
+        source = chute.TableSource(pa.table({"id": np.arange(100)}), unit_rows=50)
+        return chute.Job(source, (model,), carryover=carryover, output=sink, engine="local")
+
+    with pytest.raises(chute.DataError, match=r"NOT NULL column 'id' the job does not write"):
+        scores(holes=False, carryover=()).run()
+    with pytest.raises(chute.DataError, match=r"'m_score' is null in 7 row\(s\) of unit 0, but"):
+        scores(holes=True).run()
+    assert read_table(sink).id.tolist() == [-1]  # nothing added
+    assert scores(holes=False).run(overwrite=True).rows_out == 100
+    frame = read_table(sink)
+    assert frame.id.tolist() == list(range(-1, 100))
+    assert frame.m_score.tolist() == [0.0] + [i / 2 for i in range(100)]

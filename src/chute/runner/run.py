@@ -14,7 +14,7 @@ from rich.console import Console
 import chute.engines as engines
 from chute import history
 from chute.engines import Engine, EngineOptions
-from chute.errors import ChuteError, JobStateError, ModelError, translate
+from chute.errors import ChuteError, DataError, JobStateError, ModelError, translate
 from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
 from chute.ledger import Ledger
@@ -73,15 +73,22 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
     sink, table = resolve(sink, fingerprint[:16])
     plan.job = replace(plan.job, output=sink)
     existing = table.schema()
+    models = [stage.model.name for stage in plan.stages]
+
+    def writes(name: str) -> bool:
+        outputs = (name == m or name.startswith(f"{m}_") for m in models)
+        return name in plan.carryover or any(outputs)
+
+    if unwritten := [name for name in sink.required if not writes(name)]:
+        raise DataError(
+            f"{sink.name} has "
+            + ", ".join(f"NOT NULL column {name!r} the job does not write" for name in unwritten)
+            + ": its rows would have none there. Carry the column over from the input, have "
+            "a model return it, or write to another table."
+        )
     check_writable = getattr(table, "check_writable", None)
     if existing is not None and check_writable is not None:
-        models = [stage.model.name for stage in plan.stages]
-
-        def writes(name: str) -> bool:
-            outputs = (name == m or name.startswith(f"{m}_") for m in models)
-            return name in plan.carryover or any(outputs)
-
-        check_writable(writes)
+        check_writable()
     if existing is not None and plan.schema is not None:
         carried = [plan.schema.field(c) for c in plan.carryover if c in plan.schema.names]
         check_schema(existing, pa.schema(carried), sink.name)

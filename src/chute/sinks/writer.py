@@ -230,6 +230,7 @@ class PartWriter:
         data = part.drop_columns([KEY])
         if self.sink.sort_by:
             data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
+        data = _not_null(data, self.sink, unit)
         if self.sink.format == "lance":
             return self._put_lance(data)
         data = _microseconds_utc(data)
@@ -291,6 +292,27 @@ class PartWriter:
     def _name(unit: int, start: int, fmt: str) -> str:
         """A part's unique name: its first unit and row, then a random tag."""
         return f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[fmt]}"
+
+
+def _not_null(table: pa.Table, sink: TableSink, unit: int) -> pa.Table:
+    """``table`` with the table's NOT NULL columns marked so (Iceberg's ``add_files``
+    refuses a file whose column may be null for a required one); a null in one is an
+    error: the table's library never sees chute's rows, and Delta took them in silence."""
+    if not sink.required:
+        return table
+    fields = []
+    for column_field, column in zip(table.schema, table.columns, strict=True):
+        if column_field.name in sink.required:
+            if column.null_count:
+                raise DataError(
+                    f"column {column_field.name!r} is null in {column.null_count:,} row(s) of "
+                    f"unit {unit}, but {sink.name} has it NOT NULL. Return a value in every "
+                    "row (fill the nulls in the model or a preprocess step), or write to a "
+                    "table whose column may be null."
+                )
+            column_field = column_field.with_nullable(False)
+        fields.append(column_field)
+    return table.cast(pa.schema(fields, table.schema.metadata))
 
 
 def _microseconds_utc(table: pa.Table) -> pa.Table:

@@ -100,6 +100,10 @@ class TableSink(Sink):
     """Set by :func:`resolve`: the folder of this job's data files inside the table."""
     errors_dir: str = ""
     """Set by :func:`resolve`: where rows a model failed on go (quarantine), in Parquet."""
+    required: tuple[str, ...] = ()
+    """Set by :func:`resolve`: the table's NOT NULL (Iceberg: required) columns. Parts
+    write them as such, and a null in one stops the run (:func:`chute.sinks.writer`):
+    chute adds its files to the table as they are, so the table's library never checks."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage", (self.storage or StorageOptions()).with_env())
@@ -301,12 +305,14 @@ def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table]:
     table = open_table(sink)
     folder = DATA_DIR if sink.format == "lance" else f"{DATA_DIR}/chute-{job}"
     errors = f"{job_folder(job)}/errors"
+    existing = table.schema()
     resolved = replace(
         sink,
         path=table.location.rstrip("/"),
         job_dir=folder,
         errors_dir=errors,
         partition_by=_partitions(sink, table),
+        required=tuple(f.name for f in existing if not f.nullable) if existing else (),
     )
     return resolved, table
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -51,11 +51,11 @@ class Delta:
         table = self._load()
         return None if table is None else pa.schema(table.schema().to_arrow())
 
-    def check_writable(self, writes: Callable[[str], bool]) -> None:
+    def check_writable(self) -> None:
         """Refuse, before any compute, a table whose own rules chute's commits (add actions
         of files chute wrote) would bypass: CHECK constraints and generated columns Delta
-        would not enforce on them, column mapping (its files name columns otherwise), and a
-        NOT NULL column the job does not write (``writes``: whether it writes a column)."""
+        would not enforce on them, and column mapping (its files name columns otherwise).
+        (NOT NULL columns: see :attr:`chute.tables.TableSink.required`.)"""
         table = self._load()
         if table is None:
             return
@@ -68,11 +68,6 @@ class Delta:
         ]
         if config.get("delta.columnMapping.mode", "none") != "none":
             rules.append(f"delta.columnMapping.mode={config['delta.columnMapping.mode']}")
-        rules += [
-            f"NOT NULL column {f.name!r} the job does not write"
-            for f in table.schema().fields
-            if not f.nullable and not writes(f.name)
-        ]
         if rules:
             raise DataError(
                 f"{self.sink.name} has rules chute's commits would not keep ({', '.join(rules)}): "
