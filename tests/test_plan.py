@@ -23,6 +23,7 @@ from chute import (
     Job,
     Model,
     Preprocess,
+    Sink,
     TableSource,
 )
 from chute.engines import choose as choose_engine
@@ -373,3 +374,88 @@ def test_address_selects_ray(no_ray_address: pytest.MonkeyPatch) -> None:
 def test_explicit_engine_wins(no_ray_address: pytest.MonkeyPatch, engine: str, reason: str) -> None:
     no_ray_address.setenv("RAY_ADDRESS", "auto")
     assert choose_engine(_job(engine=engine, address=None)) == (engine, reason)
+
+
+# -- carried text read and written as dictionaries ---------------------------------------
+
+
+def _labels(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"y": batch["x"] * 2}
+
+
+def _vendor_job(tmp_path: Path, **changes: Any) -> Job:
+    """Parquet in (a vendor column Parquet stores with a small dictionary, and a zoned
+    time), Parquet out, the vendor carried and read by nothing."""
+    data = tmp_path / "in"
+    data.mkdir(exist_ok=True)
+    for i in range(3):
+        rows = 1_000
+        table = pa.table(
+            {
+                "x": np.arange(rows) + i * rows,
+                "vendor": pa.array(np.where(np.arange(rows) % 3, "CMT", "VTS")),
+                "at": pa.array(np.arange(rows) + i * rows, pa.timestamp("s", tz="Europe/Paris")),
+            }
+        )
+        pq.write_table(table, data / f"part-{i}.parquet")
+    job = Job(
+        FileSource(str(data)),
+        (Model("m", _labels, inputs=("x",), batch_format="numpy"),),
+        carryover=("x", "vendor"),
+        output=Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    return replace(job, **changes)
+
+
+def test_carried_text_nothing_reads_is_passed_through_as_a_dictionary(tmp_path: Path) -> None:
+    """Read as Arrow dictionaries and written as they are, the Parquet writer takes the
+    input's dictionary instead of hashing every value; a reader sees the text column."""
+    import pandas as pd
+
+    job = _vendor_job(tmp_path)
+    plan = build_plan(job)
+    assert plan.dictionary == ("vendor",)
+    assert pa.types.is_dictionary(plan.schema.field("vendor").type)  # type: ignore[union-attr]
+    job.run()
+    out = pq.read_table(tmp_path / "out").sort_by("x")
+    assert out.schema.field("vendor").type == pa.string()
+    assert out.column("vendor").to_pylist() == ["CMT" if x % 3 else "VTS" for x in range(1_000)] * 3
+    assert pd.read_parquet(tmp_path / "out").vendor.dtype != "category"
+    # read by a model, a metric, a preprocess step, or written to CSV: read as it is
+    read = Model("m", _labels, inputs=("x", "vendor"), batch_format="numpy")
+    zoned = _vendor_job(tmp_path, carryover=("x", "vendor", "at"))
+    zoned.run(overwrite=True)  # written decoded (see the next test): read back as it was
+    out = pq.read_table(tmp_path / "out").sort_by("x")
+    assert (
+        out.schema.field("at").type
+        == pq.read_schema(tmp_path / "in" / "part-0.parquet").field("at").type
+    )
+    assert out.schema.field("vendor").type == pa.string()
+    for other in (
+        _vendor_job(tmp_path, models=(read,)),
+        _vendor_job(tmp_path, output=Sink(str(tmp_path / "csv"), "csv")),
+        _vendor_job(tmp_path, carryover=("x", "at")),
+    ):
+        assert build_plan(other).dictionary == ()
+
+
+def test_a_dictionary_beside_a_zoned_time_is_written_decoded() -> None:
+    """Without Arrow's stored schema a zoned time (or seconds) would read back otherwise:
+    there the dictionaries are decoded before writing, and everything reads back as is."""
+    import io
+
+    from chute.sinks.files import write_parquet
+
+    vendor = pa.array(["a", "b", "a"]).dictionary_encode()
+    at = pa.array([1, 2, 3], pa.timestamp("s", tz="Europe/Paris"))
+    for table in (pa.table({"vendor": vendor}), pa.table({"vendor": vendor, "at": at})):
+        buf = io.BytesIO()
+        write_parquet(table, buf)
+        back = pq.read_table(io.BytesIO(buf.getvalue()))
+        assert back.column("vendor").type == pa.string()
+        assert back.column("vendor").to_pylist() == ["a", "b", "a"]
+        if "at" in table.column_names:  # as pyarrow reads it back written alone
+            alone = io.BytesIO()
+            pq.write_table(table.select(["at"]), alone)
+            assert back.column("at").type == pq.read_schema(alone).field("at").type

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from chute.formats import check_csv, csv_ready
 from chute.retry import retrying
-from chute.sinks.files import encode, parquet_options
+from chute.sinks.files import as_written, encode, parquet_options
 from chute.sinks.records import PartRecord
 from chute.storage import is_local, put, writing
 
@@ -123,6 +123,8 @@ class DataFile:
     def _encode(self, table: pa.Table) -> None:
         if self._fmt == "csv":
             table = csv_ready(table)
+        elif self._fmt == "parquet":
+            table = as_written(table)
         if self._encoder is None and self._fmt == "parquet":
             options = parquet_options(table)
             self._encoder = pq.ParquetWriter(self._out, table.schema, **options)

@@ -4,6 +4,7 @@ bytes of a file in each format (:func:`encode`)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import sys
@@ -153,7 +154,38 @@ def encode(table: pa.Table, fmt: str) -> bytes:
 
 def write_parquet(table: pa.Table, out: Any, *, delta: bool = True) -> None:
     """Write ``table`` as Parquet to the stream ``out`` (see :func:`parquet_options`)."""
+    table = as_written(table)
     pq.write_table(table, out, **parquet_options(table, delta=delta))
+
+
+def as_written(table: pa.Table) -> pa.Table:
+    """``table`` as chute writes it to Parquet. A dictionary column (carried text read as
+    one, :func:`chute.plan._passed_through`) is written as it is, its dictionary taken
+    whole, without Arrow's stored schema: a reader sees the text column the input had, not
+    a dictionary (pandas: not a ``Categorical``). Where the rest of the schema needs the
+    stored schema to read back as written (a time zone, seconds, ``large_string``), the
+    dictionaries are decoded instead."""
+    if not any(pa.types.is_dictionary(f.type) for f in table.schema):
+        return table
+    if _reads_back(table.schema.serialize().to_pybytes()):
+        return table.unify_dictionaries()  # one dictionary for the whole file
+    fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+              for f in table.schema]  # fmt: skip
+    return table.cast(pa.schema(fields, table.schema.metadata))
+
+
+@functools.lru_cache(maxsize=64)
+def _reads_back(serialized: bytes) -> bool:
+    """Whether a Parquet file of this schema's rows, written without Arrow's stored schema,
+    reads back with this schema, its dictionaries as their values."""
+    schema = pa.ipc.read_schema(pa.py_buffer(serialized))
+    plain = pa.schema(
+        [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema],
+        schema.metadata,
+    )
+    buf = io.BytesIO()
+    pq.write_table(plain.empty_table(), buf, store_schema=False)
+    return bool(pq.read_schema(io.BytesIO(buf.getvalue())).equals(plain, check_metadata=True))
 
 
 def parquet_options(table: pa.Table, *, delta: bool = True) -> dict[str, Any]:
@@ -169,7 +201,10 @@ def parquet_options(table: pa.Table, *, delta: bool = True) -> dict[str, Any]:
     dictionary = dictionary_columns(table)
     chosen = delta_columns(table, dictionary) if delta else []
     encoding = dict.fromkeys(chosen, "DELTA_BINARY_PACKED")
-    return {"use_dictionary": dictionary, "column_encoding": encoding or None}
+    options: dict[str, Any] = {"use_dictionary": dictionary, "column_encoding": encoding or None}
+    if any(pa.types.is_dictionary(f.type) for f in table.schema):  # see as_written
+        options["store_schema"] = False
+    return options
 
 
 DICTIONARY_SAMPLE = 8_192
@@ -184,6 +219,9 @@ def dictionary_columns(table: pa.Table) -> list[str]:
     sample = table.slice(0, DICTIONARY_SAMPLE)
     chosen = []
     for field, column in zip(sample.schema, sample.columns, strict=True):
+        if pa.types.is_dictionary(field.type):  # one already: taken as it is
+            chosen.append(field.name)
+            continue
         if _floating(field.type) or pa.types.is_nested(field.type):
             continue
         try:

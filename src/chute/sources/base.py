@@ -101,12 +101,20 @@ class Source(Protocol):
         ...
 
 
-def stream(source: Source, unit: Unit, columns: Sequence[str] | None) -> Iterator[pa.Table] | None:
+def stream(
+    source: Source, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
+) -> Iterator[pa.Table] | None:
     """A unit's rows in batches as they are decoded, where its source can (an optional
     ``stream`` method, as :class:`~chute.sources.FileSource` has for local Parquet);
-    ``None``: the unit is read whole."""
+    ``None``: the unit is read whole. ``dictionary``: columns read as Arrow dictionaries
+    (a :class:`~chute.sources.FileSource`'s only)."""
     method = getattr(source, "stream", None)
-    return None if method is None else method(unit, columns)
+    if method is None:
+        return None
+    batches: Iterator[pa.Table] | None = (
+        method(unit, columns, dictionary=dictionary) if dictionary else method(unit, columns)
+    )
+    return batches
 
 
 def iter_slices(table: pa.Table, rows: int = READ_BATCH_ROWS) -> Iterator[pa.Table]:

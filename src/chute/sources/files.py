@@ -631,20 +631,27 @@ class FileSource:
                 return f"the output {root!r} is inside the input folder {original!r}"
         return None
 
-    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
-        """Read a unit; columns the file lacks are left out (the reader names the drift)."""
+    def read(
+        self, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
+    ) -> pa.Table:
+        """Read a unit; columns the file lacks are left out (the reader names the drift).
+        ``dictionary``: Parquet columns read as Arrow dictionaries."""
         assert unit.path is not None
         if self.format is None:
             self.files()  # infers the format: never read Parquet as JSON
         path = unit.path
         try:
-            table = retrying(lambda: self._read_unit(path, unit, columns), f"reading {path}")
+            table = retrying(
+                lambda: self._read_unit(path, unit, columns, dictionary), f"reading {path}"
+            )
         except (pa.ArrowException, OSError) as exc:
             raise unreadable(f"input file {path!r}", exc) from exc
         self._unchanged(unit)
         return table
 
-    def stream(self, unit: Unit, columns: Sequence[str] | None) -> Iterator[pa.Table] | None:
+    def stream(
+        self, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
+    ) -> Iterator[pa.Table] | None:
         """A local Parquet unit's rows in batches of :data:`READ_BATCH_ROWS` as they are
         decoded, so a reader holds a batch, not the unit (``None``: another format or an
         object store, or a subclass with a :meth:`read` of its own: read it whole)."""
@@ -654,16 +661,23 @@ class FileSource:
             self.files()
         if self.format != "parquet" or unit.path is None or not is_local(self.filesystem):
             return None
-        return self._stream(unit, columns)
+        return self._stream(unit, columns, dictionary)
 
-    def _stream(self, unit: Unit, columns: Sequence[str] | None) -> Iterator[pa.Table]:
+    def _stream(
+        self, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
+    ) -> Iterator[pa.Table]:
         """The batches of :meth:`stream`; the file is checked (:meth:`_unchanged`) before its
         last planned row is handed on, so a unit read from a rewritten file never completes."""
         path, groups, left = str(unit.path), list(unit.row_groups or ()), unit.rows
         try:  # opening is retried; a local file that fails half-way fails its unit
             handle = retrying(lambda: self._open_unit(path, unit.size), f"reading {path}")
             with handle:
-                pf = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False)
+                pf = pq.ParquetFile(
+                    handle,
+                    buffer_size=STREAM_BUFFER,
+                    pre_buffer=False,
+                    read_dictionary=list(dictionary) or None,
+                )
                 names = pf.schema_arrow.names
                 cols = None if columns is None else [c for c in columns if c in names]
                 for batch in pf.iter_batches(READ_BATCH_ROWS, row_groups=groups, columns=cols):
@@ -673,14 +687,18 @@ class FileSource:
         except (pa.ArrowException, OSError) as exc:
             raise unreadable(f"input file {path!r}", exc) from exc
 
-    def _read_unit(self, path: str, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
+    def _read_unit(
+        self, path: str, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
+    ) -> pa.Table:
         if self.format == "parquet":
             size = unit.size if unit.size is not None else self._size(path)
             groups = list(unit.row_groups or ())
             cols = list(columns) if columns is not None else None
             if size is not None and not is_local(self.filesystem):  # no HEAD per object
                 return read_row_groups(self.filesystem, path, size, groups, cols)
-            pf = pq.ParquetFile(self._open_unit(path, size))
+            pf = pq.ParquetFile(
+                self._open_unit(path, size), read_dictionary=list(dictionary) or None
+            )
             if cols is not None:
                 cols = [c for c in cols if c in pf.schema_arrow.names]
             return pf.read_row_groups(groups, columns=cols)

@@ -182,8 +182,11 @@ class ImageSource(FileSource):
             )
         return units
 
-    def read(self, unit: Unit, columns: Sequence[str] | None) -> pa.Table:
-        """Decode the unit's files; undecodable ones raise :class:`UnreadableRows`."""
+    def read(
+        self, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
+    ) -> pa.Table:
+        """Decode the unit's files; undecodable ones raise :class:`UnreadableRows`
+        (``dictionary``: Parquet's only, never asked of images)."""
         files = list(unit.files[: unit.rows])  # a --limit may cut the unit short
         shape = self.tensor_shape
         pixels = np.zeros((len(files), *shape), dtype=np.uint8)
