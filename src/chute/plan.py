@@ -268,6 +268,8 @@ def _drift(
     want: pa.Field, got: pa.DataType, reference: str | None, here: str, exc: Exception
 ) -> str:
     """Schema drift of one column, with the fixes."""
+    if pa.types.is_dictionary(want.type):  # text read as a dictionary: named as the text
+        want = want.with_type(want.type.value_type)
     declare = (
         f"declare its type for every file (CSV and JSON Lines: input: column_types: "
         f"{{{want.name}: {got if not pa.types.is_null(got) else 'string'}}})"
