@@ -1035,12 +1035,14 @@ def _scores(batch: dict[str, np.ndarray], holes: bool = False) -> dict[str, list
     return {"score": [None if holes and i % 7 == 3 else i / 2 for i in batch["id"].tolist()]}
 
 
-def _strict_table(fmt: str, sink: TableSink) -> None:
+def _strict_table(fmt: str, sink: TableSink, *more: pa.Field) -> None:
     """A table whose columns are NOT NULL (Iceberg: required), holding one row."""
-    schema = pa.schema(
-        [pa.field("id", pa.int64(), False), pa.field("m_score", pa.float64(), False)]
+    fields = [pa.field("id", pa.int64(), False), pa.field("m_score", pa.float64(), False)]
+    schema = pa.schema(fields + list(more))
+    seed = pa.table(
+        {"id": [-1], "m_score": [0.0], **{f.name: pa.array([[1.0]], f.type) for f in more}},
+        schema=schema,
     )
-    seed = pa.table({"id": [-1], "m_score": [0.0]}, schema=schema)
     if fmt == "iceberg":
         from pyiceberg.catalog import load_catalog
 
@@ -1079,10 +1081,35 @@ def test_not_null_columns_are_written_as_such_and_a_null_stops_the_run(
 
     with pytest.raises(chute.DataError, match=r"NOT NULL column 'id' the job does not write"):
         scores(holes=False, carryover=()).run()
-    with pytest.raises(chute.DataError, match=r"'m_score' is null in 7 row\(s\) of unit 0, but"):
+    with pytest.raises(chute.DataError, match=r"'m_score' is null in 7 row\(s\) of unit \d, but"):
         scores(holes=True).run()
     assert read_table(sink).id.tolist() == [-1]  # nothing added
     assert scores(holes=False).run(overwrite=True).rows_out == 100
     frame = read_table(sink)
     assert frame.id.tolist() == list(range(-1, 100))
     assert frame.m_score.tolist() == [0.0] + [i / 2 for i in range(100)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_not_null_column_no_model_returns_and_nested_not_null_values_are_refused(
+    fmt: str, tmp_path: Path
+) -> None:
+    """A NOT NULL ``m_extra`` looked written (model ``m`` might return it) and was not: Delta
+    took nulls there and the run was complete. A list whose elements are NOT NULL: Iceberg
+    refused every file, Delta took null elements."""
+    model = chute.Model("m", _scores, inputs=("id",), batch_format="numpy")
+    source = chute.TableSource(pa.table({"id": np.arange(10)}))
+    extra = pa.field("m_extra", pa.list_(pa.float64()), False)
+    sink = table_sink(fmt, tmp_path / "extra")
+    _strict_table(fmt, sink, extra)
+    job = chute.Job(source, (model,), carryover=("id",), output=sink, engine="local")
+    with pytest.raises(chute.DataError, match=r"no column 'm_extra', which .* has NOT NULL"):
+        job.run()
+    nested = pa.field("m_vec", pa.list_(pa.field("element", pa.float64(), False)))
+    sink = table_sink(fmt, tmp_path / "nested")
+    _strict_table(fmt, sink, nested)
+    job = chute.Job(source, (model,), carryover=("id",), output=sink, engine="local")
+    with pytest.raises(chute.DataError, match=r"column 'm_vec' holds values that may not be null"):
+        job.run()
+    assert read_table(sink).id.tolist() == [-1]

@@ -79,6 +79,13 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
         outputs = (name == m or name.startswith(f"{m}_") for m in models)
         return name in plan.carryover or any(outputs)
 
+    if existing is not None and (inner := [f.name for f in existing if _inner_not_null(f.type)]):
+        raise DataError(
+            f"{sink.name}'s column {inner[0]!r} holds values that may not be null (a list's "
+            "elements, a struct's field): chute does not write such nested NOT NULL values yet "
+            "and would add files the table refuses or that break its rule. Write to a table "
+            "whose nested values may be null, or write Parquet files."
+        )
     if unwritten := [name for name in sink.required if not writes(name)]:
         raise DataError(
             f"{sink.name} has "
@@ -93,6 +100,24 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
         carried = [plan.schema.field(c) for c in plan.carryover if c in plan.schema.names]
         check_schema(existing, pa.schema(carried), sink.name)
     return table
+
+
+def _inner_not_null(kind: pa.DataType) -> bool:
+    """Whether a value inside ``kind`` (a list's element, a struct's or map's field) is
+    NOT NULL."""
+    if isinstance(kind, pa.ExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_struct(kind):
+        inner = [kind.field(i) for i in range(kind.num_fields)]
+    elif pa.types.is_map(kind):
+        inner = [kind.item_field]  # the key is never null: Parquet's rule, not the table's
+    elif (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    ):
+        inner = [kind.value_field]
+    else:
+        return False
+    return any(not f.nullable or _inner_not_null(f.type) for f in inner)
 
 
 def _open_ledger(

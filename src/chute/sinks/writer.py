@@ -300,6 +300,12 @@ def _not_null(table: pa.Table, sink: TableSink, unit: int) -> pa.Table:
     error: the table's library never sees chute's rows, and Delta took them in silence."""
     if not sink.required:
         return table
+    if missing := [name for name in sink.required if name not in table.column_names]:
+        raise DataError(
+            f"the rows of unit {unit} have no column {missing[0]!r}, which {sink.name} has "
+            "NOT NULL: a model named for it did not return it. Return it from the model, carry "
+            "it over from the input, or write to a table whose column may be null."
+        )
     fields = []
     for column_field, column in zip(table.schema, table.columns, strict=True):
         if column_field.name in sink.required:
