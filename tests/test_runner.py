@@ -60,6 +60,7 @@ def test_commits_a_unit_once_its_parts_cover_all_rows(tmp_path: Path) -> None:
             "errors": 0,
             "parts": ["part-1-0-5"],
             "files": [["part-1-0-5", 5, 1]],
+            "nulls": [],
         },
         "memory[0:5]": {
             "unit": "memory[0:5]",
@@ -68,6 +69,7 @@ def test_commits_a_unit_once_its_parts_cover_all_rows(tmp_path: Path) -> None:
             "errors": 0,
             "parts": ["part-0-0-2", "part-0-3-5", "part-0-2-3"],
             "files": [["part-0-0-2", 2, 1], ["part-0-3-5", 2, 1], ["part-0-2-3", 1, 1]],
+            "nulls": [],
         },
     }
 

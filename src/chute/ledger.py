@@ -159,10 +159,6 @@ class Ledger:
         commit (:meth:`_replace`), so that a run that fails before it leaves them."""
         self._job: dict[str, Any] = {}
         """This run's ``job.json``, written by :meth:`_claim` or at the first commit."""
-        self.marks_nulls = True
-        """Whether the ledger lines name the files with a column of the ``null`` type
-        (``"nulls"``, :mod:`chute.runner.retype`): false for an output begun by a chute that
-        did not, whose files' footers are then all read."""
 
     @classmethod
     def open(
@@ -255,7 +251,6 @@ class Ledger:
             "job": description,
             "units_total": units_total,
             "created": time.time(),
-            "marks_nulls": True,
         }
         info = self.fs.get_file_info(self.root)
         if info.type == pafs.FileType.File:
@@ -284,7 +279,6 @@ class Ledger:
                     "output location, or pass --overwrite to discard the earlier results."
                 )
             elif owner is not None:
-                self.marks_nulls = bool(owner.get("marks_nulls"))
                 return
         if is_local(self.fs):  # object stores have no directories to make
             make_dir(self.fs, self.meta)
@@ -481,8 +475,8 @@ class Ledger:
             moved = [[new, f[1], size, *f[3:]] if f[0] == old else f for f in files]
             parts = [new if p == old else p for p in entry.get("parts", ())]
             updated = {**entry, "files": moved, "parts": parts}
-            if nulls := [p for p in updated.pop("nulls", ()) if p != old]:
-                updated["nulls"] = nulls
+            if "nulls" in entry:  # the new file is typed
+                updated["nulls"] = [p for p in entry["nulls"] if p != old]
             replaced.append(updated)
         self.commit(replaced)
         self._guard()

@@ -284,9 +284,9 @@ class Committer:
         if skipped:
             entry["skipped"] = skipped
             self.skipped.append({"unit": unit.id, "error": skipped})
-        nulls = sorted({p.path for p in parts if p.path and _has_null(p.columns)})
-        if nulls:  # files to type once the column's type is known (chute.runner.retype)
-            entry["nulls"] = nulls
+        # the files to type once the column's type is known (chute.runner.retype); on every
+        # line, so that a line without it (an older chute's) has its files' footers read
+        entry["nulls"] = sorted({p.path for p in parts if p.path and _has_null(p.columns)})
         tables = [json.loads(p.table) for p in parts if p.table]
         if tables:  # a table output: the parts' schemas (and Lance fragments) to commit
             entry["table"] = tables

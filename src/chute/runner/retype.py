@@ -32,9 +32,9 @@ READERS = 16
 
 def retype_null_columns(ledger: Ledger) -> list[str]:
     """Write again the data files whose column is ``null`` where other files have a type;
-    the names of the files replaced. Only the footers of the files the ledger marks
-    (``"nulls"``) are read, and of others until each such column's type is found; an
-    output begun by a chute that did not mark them has every footer read."""
+    the names of the files replaced. Only the footers of the files the ledger lines mark
+    (``"nulls"``) are read, and of others until each such column's type is found; the
+    files of a line without the mark (an older chute's) are all read."""
     paths = sorted(
         {
             f["path"]
@@ -43,10 +43,12 @@ def retype_null_columns(ledger: Ledger) -> list[str]:
             if not f["path"].startswith(f"{ledger.errors_dir}/")
         }
     )
-    suspects = paths
-    if ledger.marks_nulls:
-        marked = {p for entry in ledger.entries.values() for p in entry.get("nulls", ())}
-        suspects = [p for p in paths if p in marked]
+    marked = {
+        p
+        for entry in ledger.entries.values()
+        for p in (entry["nulls"] if "nulls" in entry else [f["path"] for f in entry_files(entry)])
+    }
+    suspects = [p for p in paths if p in marked]
     with ThreadPoolExecutor(READERS) as pool:
         schemas = dict(zip(suspects, pool.map(partial(_schema, ledger), suspects), strict=True))
         final = _types(schemas.values())
