@@ -251,3 +251,31 @@ def test_a_changed_input_is_described_file_by_file() -> None:
         "1 file changed: f1.parquet; format)"
     )
     assert describe_changes({"source": {"kind": "memory"}}, {"source": {"kind": "x"}}) == "source"
+
+
+def _double(batch: dict[str, object]) -> dict[str, object]:
+    return {"y": batch["x"]}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_an_output_an_earlier_chute_began_in_text_is_not_finished_in_another_way(
+    tmp_path: Path, fmt: str
+) -> None:
+    """CSV and JSON Lines now write durations and nested times otherwise: an output an
+    earlier chute began would end with both in its files."""
+    from chute import Job
+    from chute.job import Sink, fingerprint_of
+
+    out = tmp_path / "out"
+    model = Model("m", _double, inputs=("x",), batch_format="numpy")
+    source = TableSource(pa.table({"x": [1, 2, 3]}))
+    job = Job(source, (model,), output=Sink(str(out), fmt), engine="local")  # type: ignore[arg-type]
+    job.run()
+    claim = out / "_chute" / "job.json"
+    earlier = json.loads(claim.read_text())
+    del earlier["job"]["text_version"]  # as the earlier chute described the job
+    earlier["fingerprint"] = fingerprint_of(earlier["job"])
+    claim.write_text(json.dumps(earlier))
+    with pytest.raises(JobStateError, match=r"durations and nested times .* earlier chute"):
+        job.run()
+    assert job.run(overwrite=True).rows_out == 3

@@ -43,6 +43,11 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
             changes += _model_changes(old, new)
         elif key == "source" and isinstance(old, Mapping) and isinstance(new, Mapping):
             changes.append(_source_changes(old, new))
+        elif key == "text_version":
+            changes.append(
+                "the way chute writes durations and nested times to CSV and JSON Lines (the "
+                "output was begun by an earlier chute)"
+            )
         else:
             changes.append(key)
     named = [c for c in changes if not any(o.startswith(f"{c} (") for o in changes)]

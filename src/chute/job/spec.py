@@ -43,6 +43,12 @@ DEFAULT_FILE_SIZE = 128 * 2**20
 MIN_FILE_SIZE = 2**10
 
 
+TEXT_VERSION = 2
+"""How CSV and JSON Lines outputs write values text has no type for (2: durations and
+times inside lists and structs as ISO 8601). In the fingerprint of such jobs, so that an
+output an earlier chute began is never finished in another way (refused, with the fix)."""
+
+
 @dataclass(frozen=True)
 class FileTarget:
     """How large an output file grows before the writer starts the next one.
@@ -295,7 +301,9 @@ class JobSpec:
 
     def describe(self) -> dict[str, Any]:
         """What determines the output, as plain data (kept in the ledger)."""
+        text = self.output is not None and self.output.format in ("csv", "jsonl")
         return {
+            **({"text_version": TEXT_VERSION} if text else {}),
             "source": self.source.describe(),
             "models": [describe_model(m) for m in self.models],
             "carryover": list(self.carryover),
