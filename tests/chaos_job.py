@@ -231,6 +231,21 @@ def wait_for(
     return False
 
 
+def finish_or_kill(
+    proc: subprocess.Popen[str], reached: Callable[[], bool] | None, n: int, timeout: float
+) -> None:
+    """Let run ``n`` finish (``reached`` is ``None``: it must exit 0), or SIGKILL it once
+    ``reached`` holds (it must not have ended before)."""
+    if reached is None:
+        _, stderr = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, stderr
+        return
+    assert wait_for(reached, proc, timeout=timeout), f"run {n} never reached its kill point"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, f"run {n} ended before the kill"
+
+
 def seen_units(path: Path) -> set[int]:
     """The units a run's model replicas scored (see ``CHAOS_SEEN``)."""
     if not path.exists():

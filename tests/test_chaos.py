@@ -36,6 +36,7 @@ from tests.chaos_job import (
     ROWS_PER_UNIT,
     computed_again,
     driver_env,
+    finish_or_kill,
     ledger_lines,
     ledger_units,
     make_data,
@@ -161,16 +162,8 @@ def test_driver_sigkill_at_any_point_resumes_exactly_once(
         seen = tmp_path / f"seen-{n}.jsonl"
         proc = start_driver(job, driver_env(CHAOS_SEEN=str(seen)))
         try:
-            if point is None:
-                _, stderr = proc.communicate(timeout=180)
-                assert proc.returncode == 0, stderr
-            else:
-                assert wait_for(partial(_reached, out, point), proc, timeout=150), (
-                    f"run {n} never reached {point}"
-                )
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
-                assert proc.returncode == -signal.SIGKILL, f"run {n} ended before the kill"
+            reached = None if point is None else partial(_reached, out, point)
+            finish_or_kill(proc, reached, n, timeout=180 if point is None else 150)
         finally:
             leaked += reap(proc)
             assert not session_processes(proc.pid), "the driver's processes outlived it"
@@ -277,14 +270,7 @@ def test_an_overwrite_killed_at_any_point_loses_neither_results(
     for n, (flag, point) in enumerate(runs):
         proc = start_driver(job, driver_env(), *([flag] if flag else []))
         try:
-            if point is None:
-                _, stderr = proc.communicate(timeout=120)
-                assert proc.returncode == 0, stderr
-            else:
-                assert wait_for(point, proc, timeout=100), f"run {n} never reached its point"
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
-                assert proc.returncode == -signal.SIGKILL, f"run {n} ended before the kill"
+            finish_or_kill(proc, point, n, timeout=120)
         finally:
             reap(proc)
         if n == 0 and _fingerprint(out) == old_print:  # nothing committed: all still there

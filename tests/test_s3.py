@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -38,12 +37,12 @@ from tests.chaos_job import (
     METRICS,
     ROWS_PER_UNIT,
     driver_env,
+    finish_or_kill,
     make_data,
     reap,
     seen_units,
     session_processes,
     start_driver,
-    wait_for,
     write_job,
 )
 from tests.s3server import FaultProxy, MotoS3, get_object, list_keys, put_objects, read_json
@@ -379,15 +378,8 @@ def test_driver_sigkill_with_s3_input_and_output_resumes_exactly_once(
         seen = tmp_path / f"seen-{n}.jsonl"
         proc = start_driver(job, {**env, "CHAOS_SEEN": str(seen)})
         try:
-            if point is None:
-                _, stderr = proc.communicate(timeout=200)
-                assert proc.returncode == 0, stderr
-            else:
-                reached = partial(_chaos_reached, moto_s3, point)
-                assert wait_for(reached, proc, timeout=150), f"run {n} never reached {point}"
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
-                assert proc.returncode == -signal.SIGKILL, f"run {n} ended before the kill"
+            reached = None if point is None else partial(_chaos_reached, moto_s3, point)
+            finish_or_kill(proc, reached, n, timeout=200 if point is None else 150)
         finally:
             reap(proc)
             assert not session_processes(proc.pid)
