@@ -266,3 +266,17 @@ def test_a_metadata_file_cut_short_is_named_and_overwrite_starts_over(
         _open(out)
     _open(out, "fp2", overwrite=True).commit([_entry("v1")])
     assert _open(out, "fp2").entries.keys() == {"v1"}
+
+
+def test_a_file_retyped_in_an_older_chutes_line_stays_in_the_manifest(tmp_path: Path) -> None:
+    """A line that names its parts only (an older chute's) was given "files": [] when its
+    file was replaced: the unit then owned no file, and the manifest left its rows out."""
+    name, new = "part-000000-0000000000-0000000a.parquet", "part-000000-0000000000-0000000b.parquet"
+    ledger = Ledger.open(str(tmp_path), "fp", {}, False)
+    (tmp_path / name).write_bytes(b"old")
+    ledger.commit([{"unit": "u", "index": 0, "rows": 3, "errors": 0, "parts": [name]}])
+    (tmp_path / new).write_bytes(b"new")
+    ledger.replace_file(name, new, 3)
+    entry = Ledger.open(str(tmp_path), "fp", {}, False).entries["u"]
+    assert entry["parts"] == [new] and "files" not in entry
+    assert [f["path"] for f in ledger.manifest()["files"]] == [new]

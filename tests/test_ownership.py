@@ -373,6 +373,8 @@ def test_a_lost_claim_stops_commits_and_deletions(tmp_path: Path) -> None:
     with pytest.raises(JobStateError, match="lost its claim"):
         ledger.commit([{"unit": "u", "index": 0, "rows": 1, "parts": [], "files": []}])
     assert (tmp_path / "part-000000-0000000000-0000000a.parquet").exists()
+    ledger.save_report({"complete": False, "stopped": "paused"})  # the partial report too
+    assert not (tmp_path / "_chute" / "report.json").exists()
     lease.release()
 
 

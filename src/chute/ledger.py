@@ -474,7 +474,9 @@ class Ledger:
                 continue
             moved = [[new, f[1], size, *f[3:]] if f[0] == old else f for f in files]
             parts = [new if p == old else p for p in entry.get("parts", ())]
-            updated = {**entry, "files": moved, "parts": parts}
+            updated = {**entry, "parts": parts}
+            if "files" in entry:  # an older chute's line names its parts only: kept so
+                updated["files"] = moved
             if "nulls" in entry:  # the new file is typed
                 updated["nulls"] = [p for p in entry["nulls"] if p != old]
             replaced.append(updated)
@@ -555,6 +557,11 @@ class Ledger:
         failed before its first commit leaves the earlier job's report with its results)."""
         if self._replacing is not None:
             return
+        if self.lease is not None:  # a run that lost its claim (paused past its time)
+            try:  # never writes over the report of the run that took the output over
+                self.lease.check()
+            except JobStateError:
+                return
         self._write_json("report.json", report)
         if html:
             from chute.htmlreport import render
