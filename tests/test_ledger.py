@@ -280,3 +280,40 @@ def test_a_file_retyped_in_an_older_chutes_line_stays_in_the_manifest(tmp_path: 
     entry = Ledger.open(str(tmp_path), "fp", {}, False).entries["u"]
     assert entry["parts"] == [new] and "files" not in entry
     assert [f["path"] for f in ledger.manifest()["files"]] == [new]
+
+
+def test_every_file_a_ledger_line_or_success_names_is_on_the_disk_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing was fsynced: after a power loss, _SUCCESS and ledger lines could survive the
+    part files they name (empty, on ext4's delayed allocation). Each part is flushed under
+    its temporary name before it is renamed, the ledger before _SUCCESS."""
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+
+    import chute
+
+    flushed: list[str] = []
+    fsync = os.fsync
+
+    def recorded(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    out = tmp_path / "out"
+    job = chute.Job(
+        chute.TableSource(pa.table({"x": np.arange(40)}), unit_rows=10),
+        (chute.Model("m", lambda b: {"y": b["x"]}, inputs=("x",), batch_format="numpy"),),
+        output=chute.Sink(str(out), file_rows=10),
+        engine="local",
+    )
+    job.run()
+    names = [os.path.basename(p) for p in flushed]
+    parts = sorted(p.name for p in out.glob("part-*"))
+    assert len(parts) == 4
+    assert all(any(n.startswith(f".{part}.") for n in names) for part in parts)
+    assert names[-2].startswith(f".{SUCCESS}.") and names[-1] == "out"  # the marker last
+    assert str(out / META_DIR / "ledger.jsonl") in flushed[:-2]

@@ -57,7 +57,17 @@ from chute.job import describe_changes
 from chute.lease import OWNERS_DIR, Lease
 from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
-from chute.storage import StorageOptions, append, check, is_local, make_dir, put, read, redact
+from chute.storage import (
+    StorageOptions,
+    append,
+    check,
+    is_local,
+    make_dir,
+    put,
+    read,
+    redact,
+    synced,
+)
 
 PART_NAME = re.compile(r"part-\d{6,}-\d{10,}-[0-9a-f]{8}\.(?:parquet|csv|jsonl)")
 """A part file's name as chute makes it (``PartWriter._name``: the unit's index, at least six
@@ -575,6 +585,9 @@ class Ledger:
         self._replace()  # a job over no rows replaces the earlier results all the same
         self.save_report(report, html)
         self._write_json(MANIFEST, self.manifest(report.get("fingerprint")))
+        ledger = f"{self.meta}/{LEDGER_FILE}"
+        if is_local(self.fs) and self.fs.get_file_info(ledger).is_file:
+            synced(ledger)  # its lines on the disk before the marker (the parts are)
         retrying(lambda: put(self.fs, f"{self.root}/{SUCCESS}", b""), f"writing {SUCCESS}")
 
     def manifest(self, fingerprint: Any = None) -> dict[str, Any]:

@@ -274,12 +274,31 @@ def put(fs: pafs.FileSystem, path: str, data: bytes | Callable[[pa.NativeFile], 
         try:
             with fs.open_output_stream(tmp) as out:
                 size = write(out)
-            fs.move(tmp, path)
+            settle(tmp, path)
             return size
         except BaseException:
             with contextlib.suppress(OSError):  # what a full disk holds of it, freed
                 fs.delete_file(tmp)
             raise
+
+
+def settle(tmp: str, path: str) -> None:
+    """Put the local file ``tmp`` under its name ``path`` durably: its bytes reach the disk
+    before the rename, and the rename before this returns, so that what names the file
+    next (a ledger line, ``_SUCCESS``) never outlives it in a power loss or a machine's
+    crash (a killed process loses nothing either way: the kernel holds its writes)."""
+    synced(tmp)
+    os.replace(tmp, path)
+    synced(path.rpartition("/")[0] or ".")
+
+
+def synced(path: str) -> None:
+    """Flush a local file's (or folder's) data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def append(fs: pafs.FileSystem, path: str, data: bytes) -> None:

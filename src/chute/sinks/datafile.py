@@ -28,7 +28,7 @@ from chute.formats import check_csv, csv_ready
 from chute.retry import retrying
 from chute.sinks.files import as_written, encode, parquet_options
 from chute.sinks.records import PartRecord
-from chute.storage import is_local, put, writing
+from chute.storage import is_local, put, settle, writing
 
 
 class DataFile:
@@ -85,7 +85,7 @@ class DataFile:
             size = int(self._out.tell())
             if self._tmp:
                 self._out.close()
-                self._fs.move(self._tmp, self._path)
+                settle(self._tmp, self._path)  # on the disk before its ledger line
             else:
                 data = self._out.getvalue()
                 retrying(lambda: put(self._fs, self._path, data), f"writing {self.name}")
