@@ -17,7 +17,10 @@
     it is redone: no row twice, none lost. A file is deleted only when no trusted unit
     names it.
 
-  - on a local filesystem, ``ledger.jsonl``, appended to (a torn last line is ignored);
+  - on a local filesystem, ``ledger.jsonl``, appended to (a torn last line is ignored).
+    Each part file reaches the disk (fsync) before it is renamed into place, and so before
+    the line that names it; the ledger reaches it before ``_SUCCESS``: a machine that loses
+    power never keeps a line or the marker beside a file that did not;
   - on an object store, which has neither append nor rename, one object per commit batch,
     ``ledger/<seq>-<uuid>.jsonl``, each written whole in one PUT. The driver batches the
     units that complete close together (see :meth:`Ledger.flush_due`: at most one object a
