@@ -284,3 +284,33 @@ def test_a_full_disk_while_stopping_is_one_line_not_a_traceback(
     warned = [r for r in caplog.records if r.name == "chute" and r.levelname == "WARNING"]
     assert any("could not write the partial report: no space left" in r.message for r in warned)
     assert all(r.exc_info is None for r in warned)
+
+
+def test_a_folder_the_mount_cannot_flush_is_no_error_but_a_file_that_fails_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync of a folder is refused by some mounts (EINVAL on FUSE and CIFS); a file's
+    fsync that fails (EIO: the disk) fails the write, and no file is put."""
+    import errno
+    import os
+
+    import pyarrow.fs as pafs
+
+    from chute.storage import put
+
+    fsync = os.fsync
+
+    def refusing(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(target):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if target.endswith(".tmp") and "bad" in target:
+            raise OSError(errno.EIO, "Input/output error")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", refusing)
+    fs = pafs.LocalFileSystem()
+    assert put(fs, str(tmp_path / "good.json"), b"{}") == 2
+    with pytest.raises(OSError, match="Input/output error"):
+        put(fs, str(tmp_path / "bad.json"), b"{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.json"]

@@ -289,7 +289,11 @@ def settle(tmp: str, path: str) -> None:
     crash (a killed process loses nothing either way: the kernel holds its writes)."""
     synced(tmp)
     os.replace(tmp, path)
-    synced(path.rpartition("/")[0] or ".")
+    try:
+        synced(path.rpartition("/")[0] or ".")
+    except OSError as exc:  # some mounts (FUSE, CIFS) cannot flush a folder: the file is
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # flushed all the same
+            raise
 
 
 def synced(path: str) -> None:
