@@ -343,7 +343,7 @@ def _passed_through(job: JobSpec, plan: Plan, first: Unit) -> tuple[str, ...]:
     """The carried text columns that nothing reads and that the input stores with a small
     dictionary (a vendor, a flag, a category): read as Arrow dictionaries and written as
     they are, the Parquet writer takes the dictionary as it is instead of hashing every
-    value again. On the taxi demo this cut chute's CPU time by a sixth
+    value again. On the taxi demo this saved about a tenth of chute's CPU time
     (``benchmarks/RESULTS.md``). Only where the reading and the writing are both chute's
     own Parquet on a local input, with no preprocess step (which sees every column); the
     output reads back with the same types (:func:`chute.sinks.files.write_parquet`)."""
