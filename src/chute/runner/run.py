@@ -14,7 +14,7 @@ from rich.console import Console
 import chute.engines as engines
 from chute import history
 from chute.engines import Engine, EngineOptions
-from chute.errors import ChuteError, DataError, JobStateError, ModelError, translate
+from chute.errors import ChuteError, JobStateError, ModelError, translate
 from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
 from chute.ledger import Ledger
@@ -25,7 +25,7 @@ from chute.runner.committer import Committer
 from chute.runner.reporting import Run, report_of
 from chute.runner.retype import retype_null_columns
 from chute.tableledger import TableLedger
-from chute.tables import Table, TableSink, check_schema, resolve
+from chute.tables import Table, TableSink, check_not_null, check_schema, resolve
 
 log = logging.getLogger("chute")
 
@@ -70,29 +70,15 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
     sink = plan.job.output
     if not isinstance(sink, TableSink):
         return None
-    sink, table = resolve(sink, fingerprint[:16])
+    sink, table, existing = resolve(sink, fingerprint[:16])
     plan.job = replace(plan.job, output=sink)
-    existing = table.schema()
     models = [stage.model.name for stage in plan.stages]
 
     def writes(name: str) -> bool:
         outputs = (name == m or name.startswith(f"{m}_") for m in models)
         return name in plan.carryover or any(outputs)
 
-    if existing is not None and (inner := [f.name for f in existing if _inner_not_null(f.type)]):
-        raise DataError(
-            f"{sink.name}'s column {inner[0]!r} holds values that may not be null (a list's "
-            "elements, a struct's field): chute does not write such nested NOT NULL values yet "
-            "and would add files the table refuses or that break its rule. Write to a table "
-            "whose nested values may be null, or write Parquet files."
-        )
-    if unwritten := [name for name in sink.required if not writes(name)]:
-        raise DataError(
-            f"{sink.name} has "
-            + ", ".join(f"NOT NULL column {name!r} the job does not write" for name in unwritten)
-            + ": its rows would have none there. Carry the column over from the input, have "
-            "a model return it, or write to another table."
-        )
+    check_not_null(sink, existing, writes)
     check_writable = getattr(table, "check_writable", None)
     if existing is not None and check_writable is not None:
         check_writable()
@@ -100,24 +86,6 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
         carried = [plan.schema.field(c) for c in plan.carryover if c in plan.schema.names]
         check_schema(existing, pa.schema(carried), sink.name)
     return table
-
-
-def _inner_not_null(kind: pa.DataType) -> bool:
-    """Whether a value inside ``kind`` (a list's element, a struct's or map's field) is
-    NOT NULL."""
-    if isinstance(kind, pa.ExtensionType):
-        kind = kind.storage_type
-    if pa.types.is_struct(kind):
-        inner = [kind.field(i) for i in range(kind.num_fields)]
-    elif pa.types.is_map(kind):
-        inner = [kind.item_field]  # the key is never null: Parquet's rule, not the table's
-    elif (
-        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
-    ):
-        inner = [kind.value_field]
-    else:
-        return False
-    return any(not f.nullable or _inner_not_null(f.type) for f in inner)
 
 
 def _open_ledger(

@@ -18,7 +18,7 @@ import base64
 import datetime
 import importlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -300,8 +300,9 @@ def job_folder(job: str) -> str:
     return f"{META_DIR}/{JOBS_DIR}/{job}"
 
 
-def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table]:
-    """``sink`` with its location and this job's data folder filled in, and its table."""
+def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table, pa.Schema | None]:
+    """``sink`` with its location and this job's data folder filled in, its table, and the
+    table's schema (``None`` while the table does not exist)."""
     table = open_table(sink)
     folder = DATA_DIR if sink.format == "lance" else f"{DATA_DIR}/chute-{job}"
     errors = f"{job_folder(job)}/errors"
@@ -314,7 +315,47 @@ def resolve(sink: TableSink, job: str) -> tuple[TableSink, Table]:
         partition_by=_partitions(sink, table),
         required=tuple(f.name for f in existing if not f.nullable) if existing else (),
     )
-    return resolved, table
+    return resolved, table, existing
+
+
+def check_not_null(
+    sink: TableSink, existing: pa.Schema | None, writes: Callable[[str], bool]
+) -> None:
+    """Refuse, before any compute, a table whose NOT NULL columns the job cannot keep: one
+    it does not write (``writes``: whether it writes a column), or NOT NULL values nested
+    in a column (a list's elements, a struct's field), which chute does not write yet."""
+    if existing is not None and (inner := [f.name for f in existing if _inner_not_null(f.type)]):
+        raise DataError(
+            f"{sink.name}'s column {inner[0]!r} holds values that may not be null (a list's "
+            "elements, a struct's field): chute does not write such nested NOT NULL values yet "
+            "and would add files the table refuses or that break its rule. Write to a table "
+            "whose nested values may be null, or write Parquet files."
+        )
+    if unwritten := [name for name in sink.required if not writes(name)]:
+        raise DataError(
+            f"{sink.name} has "
+            + ", ".join(f"NOT NULL column {name!r} the job does not write" for name in unwritten)
+            + ": its rows would have none there. Carry the column over from the input, have "
+            "a model return it, or write to another table."
+        )
+
+
+def _inner_not_null(kind: pa.DataType) -> bool:
+    """Whether a value inside ``kind`` (a list's element, a struct's or map's field) is
+    NOT NULL."""
+    if isinstance(kind, pa.ExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_struct(kind):
+        inner = [kind.field(i) for i in range(kind.num_fields)]
+    elif pa.types.is_map(kind):
+        inner = [kind.item_field]  # the key is never null: Parquet's rule, not the table's
+    elif (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    ):
+        inner = [kind.value_field]
+    else:
+        return False
+    return any(not f.nullable or _inner_not_null(f.type) for f in inner)
 
 
 def _partitions(sink: TableSink, table: Table) -> tuple[str, ...]:
