@@ -161,6 +161,23 @@ def test_growing_back_waits_for_calls_that_fit() -> None:
     assert sizes[GROW_AFTER_OOM] == 384  # then it probes halfway to what failed
 
 
+def test_a_probe_that_has_not_run_is_not_reported_as_the_size() -> None:
+    # Found on an H200 (139 GiB, 1 GiB a row): 556 → 278 → 139 rows, four calls of 139
+    # fitted and the rows ran out; the report said 208 rows, the probe no call had tried.
+    sizer, memory = BatchSizer(556), Capacity(139)
+    memory.call(sizer, 556)
+    memory.call(sizer, 278)
+    for _ in range(GROW_AFTER_OOM):
+        memory.call(sizer, sizer.rows)
+    assert sizer.rows == 208  # the next call would probe halfway to what failed
+    assert sizer.take().rows == 139  # what it reports: the largest size that fitted
+    memory.call(sizer, sizer.rows)  # the probe fails: back to what fitted
+    assert sizer.take().rows == 139
+    memory.capacity = 300
+    memory.call(sizer, sizer.rows)
+    assert sizer.take().rows == sizer.rows  # a probe that fitted is the size
+
+
 def test_a_fixed_size_grows_back_to_the_size_asked_for() -> None:
     sizer, memory = BatchSizer(1_000), Capacity(10_000)
     memory.capacity = 400  # a passing squeeze: a few large rows, say

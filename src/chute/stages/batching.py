@@ -62,7 +62,8 @@ class Batching:
     calls: int = 0
     """Model calls that fitted."""
     rows: int | None = None
-    """The rows of the replica's next call; ``None`` before any call."""
+    """The rows of the replica's next call, but never a grow-back probe that has not run
+    yet (the largest size that fitted instead); ``None`` before any call."""
     loads: int = 0
     """Times the replica built its model: once at its start, again after a timeout."""
     load_seconds: float = 0.0
@@ -108,13 +109,16 @@ class BatchSizer:
     def take(self) -> Batching:
         """What happened since the last call (counts), and the size now."""
         told = self._told
-        now = Batching(self.oom_splits, self.resizes, self.calls, self.rows)
+        rows = self.rows
+        if self.ceiling is not None and self._fitted:
+            rows = min(rows, self._fitted)  # a probe above what fitted may not fit
+        now = Batching(self.oom_splits, self.resizes, self.calls, rows)
         self._told = now
         return Batching(
             now.oom_splits - told.oom_splits,
             now.resizes - told.resizes,
             now.calls - told.calls,
-            self.rows if self.calls else None,
+            rows if self.calls else None,
         )
 
     def fitted(self, rows: int, seconds: float, nbytes: int) -> None:
