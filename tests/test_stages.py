@@ -434,6 +434,47 @@ def test_masked_values_are_nulls_not_their_fill_data() -> None:
 
 
 @pytest.mark.parametrize(
+    ("out", "expected"),
+    [
+        pytest.param([[1.0], [1.0, 2.0], [], [3.0]], [[1.0], [1.0, 2.0], [], [3.0]], id="lists"),
+        pytest.param(
+            [np.arange(i + 1) for i in range(4)],
+            [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]],
+            id="arrays",
+        ),
+        pytest.param([["a"], ["b", "c"], [], None], [["a"], ["b", "c"], [], None], id="text"),
+    ],
+)
+def test_rows_of_several_lengths_are_a_list_column(out: Any, expected: Any) -> None:
+    """NumPy refuses ragged rows (``inhomogeneous shape``): a model that returns a
+    varying number of values a row (entities, top-k labels, token ids) failed."""
+    assert _run(out).column("m").to_pylist() == expected
+
+
+def test_rows_of_one_length_then_of_several_say_how_to_return_lists() -> None:
+    def topk(batch: dict[str, np.ndarray]) -> Any:
+        if batch["x"][0] < 4:  # the first batch: two labels a row, by chance
+            return [[0.5, 0.25]] * len(batch["x"])
+        return [[0.5] * (int(v) % 3) for v in batch["x"]]
+
+    with pytest.raises(ModelError, match=r"became a fixed-size list; return the rows as an Arrow"):
+        _run_batches(topk, pa.table({"id": np.arange(8), "x": np.arange(8.0)}))
+
+
+def test_masked_values_inside_a_list_are_nulls() -> None:
+    """``np.asarray`` made ``np.ma.masked`` NaN and dropped the masks of rows' arrays."""
+    masked = np.ma.masked
+    assert _run([1.5, masked, 2.5, masked]).column("m").to_pylist() == [1.5, None, 2.5, None]
+    assert _run({"n": [1, masked, 3, 4]}).column("m_n").to_pylist() == [1, None, 3, 4]
+    rows = [np.ma.masked_array([i, i + 0.5], mask=[0, i % 2]) for i in range(4)]
+    column = _run(rows).column("m")
+    assert pa.types.is_fixed_size_list(column.type)  # as the same rows without masks
+    assert column.to_pylist() == [[0, 0.5], [1, None], [2, 2.5], [3, None]]
+    ragged = [np.ma.masked_array(np.arange(i + 1.0), mask=[1] + [0] * i) for i in range(4)]
+    assert _run(ragged).column("m").to_pylist()[2] == [None, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
     "out",
     [
         pytest.param({1: np.zeros(4), "1": np.ones(4)}, id="keys-alike-as-text"),

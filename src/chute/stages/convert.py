@@ -125,16 +125,34 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
         return values
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
+    if isinstance(values, (list, tuple)) and any(isinstance(v, np.ma.MaskedArray) for v in values):
+        values = _masked_rows(values)  # a list of np.ma.masked, or of rows' masked arrays
     if isinstance(values, np.ma.MaskedArray):  # masked values are nulls, not their fill data
         return _masked(values, name, who)
     try:
-        arr = np.asarray(values)
+        try:
+            arr = np.asarray(values)
+        except ValueError:  # rows of several lengths: NumPy refuses them, Arrow has lists
+            if not isinstance(values, (list, tuple)):
+                raise
+            return pa.array(list(values))
         if arr.ndim == 2:
             flat = pa.array(np.ascontiguousarray(arr).ravel())
             return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
         return pa.array(arr)
     except (TypeError, ValueError, pa.ArrowException) as exc:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+def _masked_rows(values: list[Any] | tuple[Any, ...]) -> Any:
+    """A list that holds masked values, with its masks kept: ``np.asarray`` turns
+    ``np.ma.masked`` into NaN (a number the model did not return) and drops the masks of
+    rows' masked arrays. Rows of one length become one masked array (a fixed-size list
+    column, as such rows without masks do); anything else a list, masked values ``None``."""
+    if all(isinstance(v, np.ndarray) and v.ndim == 1 for v in values):
+        if len({len(v) for v in values}) == 1:
+            return np.ma.stack(values)
+    return [v.tolist() if isinstance(v, np.ma.MaskedArray) else v for v in values]
 
 
 def _masked(values: np.ma.MaskedArray, name: str, who: str) -> pa.Array:

@@ -263,13 +263,21 @@ class ModelStage:
             try:
                 columns[name] = cast_exactly(pa.chunked_array([array]), want).combine_chunks()
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                fix = (
+                    "Return one type in every batch (such as .astype('float64')), or give "
+                    "the model pyarrow batches (with numpy or pandas, an integer column with "
+                    "a null arrives as float64 in that batch only)."
+                )
+                if pa.types.is_fixed_size_list(want) and pa.types.is_list(array.type):
+                    fix = (  # rows that happened to be of one length in the first batch
+                        "An earlier batch's rows were all of one length, so they became a "
+                        "fixed-size list; return the rows as an Arrow list column "
+                        "(pa.array(rows, pa.list_(pa.float64())), say) in every batch."
+                    )
                 raise ModelError(
                     f"model {self.name!r} returned {name!r} as {array.type} in this batch and "
                     f"as {want} in an earlier one, and these values cannot be {want} ({exc}): "
-                    "the files of one output would disagree. Return one type in every batch "
-                    "(such as .astype('float64')), or give the model pyarrow batches (with "
-                    "numpy or pandas, an integer column with a null arrives as float64 in "
-                    "that batch only)."
+                    f"the files of one output would disagree. {fix}"
                 ) from exc
         # in the first batch's order: files whose columns come in two orders are read
         # wrong by whatever takes columns by position (a CSV read without its header)
