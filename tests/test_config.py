@@ -203,3 +203,25 @@ def test_max_failed_fraction_is_a_share_of_the_rows(tmp_path: Any) -> None:
         path.write_text(base + f"max_failed_fraction: {bad}\n")
         with pytest.raises(ConfigError, match="max_failed_fraction"):
             load_job(str(path))
+
+
+def test_carryover_star_as_the_readme_writes_it() -> None:
+    """``carryover: "*"`` was refused: 'Input should be a valid list'."""
+    assert job_from_dict({**BASE, "carryover": "*"}).carryover == ("*",)
+    assert job_from_dict({**BASE, "carryover": "id"}).carryover == ("id",)
+
+
+@pytest.mark.parametrize("key", ["partition_by", "sort_by", "table", "commit_seconds"])
+def test_a_table_option_on_a_file_output_is_refused(key: str) -> None:
+    """Taken in silence: the files came out neither partitioned nor sorted."""
+    value = {"table": "db.t", "commit_seconds": 1.0}.get(key, ["id"])
+    with pytest.raises(ConfigError, match=f"output: {key} is an option of table outputs"):
+        job_from_dict({**BASE, "output": {"path": "out/", key: value}})
+
+
+def test_file_size_reaches_a_table_output() -> None:
+    """A table output's file_size and file_rows were dropped by the job file."""
+    output = {"path": "t/", "format": "delta", "file_size": "64MiB", "file_rows": 1000}
+    job = job_from_dict({**BASE, "output": output})
+    assert job.output is not None
+    assert (job.output.target.bytes, job.output.target.rows) == (64 * 2**20, 1000)

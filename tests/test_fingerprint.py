@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chute.errors import JobStateError
-from chute.job import JobSpec, Model, Preprocess, describe_changes
+from chute.job import JobSpec, Model, Preprocess, Sink, describe_changes
 from chute.sources import TableSource
 from tests.test_cli import invoke, listing
 
@@ -279,3 +279,69 @@ def test_an_output_an_earlier_chute_began_in_text_is_not_finished_in_another_way
     with pytest.raises(JobStateError, match=r"durations and nested times .* earlier chute"):
         job.run()
     assert job.run(overwrite=True).rows_out == 3
+
+
+class Prompted:
+    def __init__(self, prompt: str, table: object = None) -> None:
+        self.prompt = prompt
+
+    def __call__(self, batch: object) -> list[str]:
+        return [self.prompt] * len(batch)  # type: ignore[arg-type]
+
+
+class Opaque:
+    """An argument whose repr names its address, new in every process."""
+
+
+def test_a_long_text_changed_to_one_of_the_same_length_is_another_job() -> None:
+    """Texts over 200 characters were kept as their length: a prompt with two words
+    swapped resumed the output the old prompt began, and the run mixed both."""
+    old = "Label the review as positive or negative, and answer with one word only. " * 3
+    new = old.replace("positive or negative", "negative or positive")
+    assert len(old) == len(new) > 200
+
+    def job(prompt: str, options: dict[str, object] | None = None) -> JobSpec:
+        model = Model("m", Prompted, kwargs={"prompt": prompt, **(options or {})})
+        return JobSpec(TableSource(pa.table({"x": [1]})), (model,))
+
+    assert job(old).fingerprint() != job(new).fingerprint()
+    assert job(old).fingerprint() == job(old).fingerprint()
+    assert "models[0].kwargs" in describe_changes(job(old).describe(), job(new).describe())
+    assert (
+        job(old, {"table": Opaque()}).fingerprint() == job(old, {"table": Opaque()}).fingerprint()
+    )
+
+    from chute import adapter
+
+    def served(system: str) -> JobSpec:
+        spec = adapter("openai", base_url="http://localhost:1/v1", model="x", system=system)
+        return JobSpec(TableSource(pa.table({"x": ["a"]})), (Model("m", spec, inputs=("x",)),))
+
+    assert served(old).fingerprint() != served(new).fingerprint()
+
+
+def test_a_preprocess_step_s_inputs_and_batch_format_are_part_of_the_job() -> None:
+    """NumPy batches make an integer column with a null float64: a resume after the step's
+    batch format changed mixed two kinds of values."""
+
+    def step(batch: object) -> object:
+        return batch
+
+    def job(**options: object) -> JobSpec:
+        model = Model("m", Prompted, kwargs={"prompt": "p"})
+        source = TableSource(pa.table({"x": [1]}))
+        return JobSpec(source, (model,), preprocess=Preprocess(step, **options))  # type: ignore[arg-type]
+
+    plain = job()
+    assert isinstance(plain.describe()["preprocess"], str)  # as before: outputs resume
+    for changed in (job(batch_format="numpy"), job(inputs=("x",))):
+        assert changed.fingerprint() != plain.fingerprint()
+        assert describe_changes(plain.describe(), changed.describe()) == "preprocess"
+
+
+def test_a_format_change_is_not_explained_as_chute_s_text_encoding() -> None:
+    def job(fmt: str) -> JobSpec:
+        model = Model("m", Prompted, kwargs={"prompt": "p"})
+        return JobSpec(TableSource(pa.table({"x": [1]})), (model,), Sink("out", fmt))  # type: ignore[arg-type]
+
+    assert describe_changes(job("parquet").describe(), job("jsonl").describe()) == "format"

@@ -242,6 +242,53 @@ def test_job_normalises_sequences() -> None:
     assert job.carryover == ("x",)
 
 
+def test_one_carried_name_is_a_column_not_its_letters() -> None:
+    """``carryover="ke"`` carried the columns ``k`` and ``e``, where a frame had them."""
+    job = Job(TableSource(_table()), [Model("a", score)], carryover="x")  # type: ignore[arg-type]
+    assert job.carryover == ("x",)
+
+
+@pytest.mark.parametrize(
+    ("carryover", "message"),
+    [
+        (["x", "z", "x"], "carryover names 'x' more than once: the output would have two columns"),
+        (["*", "x"], "carryover '\\*' already means every input column"),
+        (["x", 3], "carryover takes column names, got 3"),
+    ],
+)
+def test_a_carryover_that_would_write_a_column_twice_is_refused(
+    carryover: Any, message: str
+) -> None:
+    """``[id, id]`` wrote Parquet files with two ``id`` columns (no reader takes them)
+    while the run reported complete."""
+    with pytest.raises(ConfigError, match=message):
+        Job(TableSource(_table()), [Model("a", score)], carryover=carryover)
+
+
+@pytest.mark.parametrize(
+    ("part", "message"),
+    [
+        ({"output": "out/"}, "output must be a chute sink .* got str 'out/'"),
+        ({"source": "data/"}, "source must be a chute source .* got str 'data/'"),
+        ({"models": [score]}, "models must be chute.Model objects, got function .*chute.Model"),
+    ],
+)
+def test_a_part_of_the_wrong_kind_is_named(part: dict[str, Any], message: str) -> None:
+    """These were AttributeErrors from inside planning ('str' object has no attribute...)."""
+    fields: dict[str, Any] = {"source": TableSource(_table()), "models": [Model("a", score)]}
+    with pytest.raises(ConfigError, match=message):
+        Job(**{**fields, **part})
+
+
+def test_constructor_arguments_beside_an_adapter_are_refused() -> None:
+    """They went nowhere: the adapter ran with its defaults."""
+    from chute import adapter
+
+    spec = adapter("sklearn", path="clf.skops")
+    with pytest.raises(ConfigError, match=r"adapter takes its options in chute\.adapter"):
+        Model("clf", spec, kwargs={"threshold": 0.9})
+
+
 # -- fingerprint -------------------------------------------------------------------------
 
 

@@ -115,6 +115,25 @@ def test_an_output_that_overlaps_its_input_is_refused_before_anything_is_written
     assert files(project) == before
 
 
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [
+        ("/dev/null", "the output '/dev/null' is not a folder"),  # a NotADirectoryError
+        # FileNotFoundError as root; as another user, /proc is not writable to begin with
+        ("/proc/chute-out", "(cannot make the output folder|permission denied writing) '?/proc"),
+    ],
+)
+def test_an_output_no_folder_can_be_made_at_is_a_clear_error(
+    project: Path, output: str, why: str
+) -> None:
+    """Both ended in a traceback (exit 1), after ``validate`` had said the output was new."""
+    if not Path(output).parent.is_dir():
+        pytest.skip(f"{Path(output).parent} is not on this system")
+    code, out = invoke("run", str(job(project, output)), "-q")
+    assert code == 2, out
+    assert re.search(why, out) and "Traceback" not in out, out
+
+
 def test_an_output_beside_the_input_or_hidden_inside_it_is_fine(project: Path) -> None:
     assert invoke("run", str(job(project, "data/_out")), "-q")[0] == 0
     assert invoke("run", str(job(project, "data/_out")), "-q")[0] == 0  # resumes: not read

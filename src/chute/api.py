@@ -104,7 +104,7 @@ def run(
     model: Model | Sequence[Model] | Any,
     output: str,
     *,
-    carryover: Sequence[str] = (),
+    carryover: Sequence[str] | str = (),
     format: str = "parquet",
     engine: EngineName = "auto",
     progress: bool = False,
@@ -114,7 +114,7 @@ def run(
     job = Job(
         source=as_source(data),
         models=_models(model, data),
-        carryover=tuple(carryover),
+        carryover=(carryover,) if isinstance(carryover, str) else tuple(carryover),
         output=Sink(output, format),  # type: ignore[arg-type]
         engine=engine,
     )

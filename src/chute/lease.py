@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from chute.errors import JobStateError
+from chute.errors import ConfigError, JobStateError, write_error
 from chute.retry import retrying
 from chute.storage import is_local, put, read
 
@@ -126,7 +126,13 @@ class Lease:
         """
         lease = cls(fs, meta, Claim.mine(ttl))
         if is_local(fs):
-            fs.create_dir(lease.folder, recursive=True)
+            try:
+                fs.create_dir(lease.folder, recursive=True)
+            except OSError as exc:  # /proc/out: a folder that no one may make there
+                raise write_error(exc, where) or ConfigError(
+                    f"cannot make the output folder {where!r} ({exc}): choose another output "
+                    "location."
+                ) from exc
         _ACTIVE.add(lease.claim.run)
         try:
             lease._write()

@@ -416,6 +416,11 @@ def check_writable(directory: str) -> None:
             f"cannot make the output {directory!r}: {existing!r} is a file, not a folder. "
             "Choose another output location."
         )
+    if existing == directory and not os.path.isdir(existing):  # /dev/null, a socket
+        raise ConfigError(
+            f"the output {directory!r} is not a folder: give a folder (a new or empty one, "
+            "or one that holds this job's earlier results)."
+        )
     if not os.path.isdir(existing) or os.access(existing, os.W_OK | os.X_OK):
         return
     code = errno.EROFS if os.statvfs(existing).f_flag & os.ST_RDONLY else errno.EACCES

@@ -36,6 +36,10 @@ def expand_shorthands(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+TABLE_KEYS = ("table", "catalog", "sort_by", "partition_by", "index", "commit_seconds")
+"""``output:`` keys that only a table output takes."""
+
+
 def _sink(
     output: OutputConfig, base: str, overrides: dict[str, Any], storage: StorageOptions
 ) -> Sink:
@@ -44,6 +48,14 @@ def _sink(
     if output.format in ("parquet", "csv", "jsonl", "openai-batch"):
         if not path:
             raise ConfigError("output: needs a `path` (the directory results go to).")
+        tables_only = sorted(output.model_fields_set & set(TABLE_KEYS))
+        if tables_only:  # else taken in silence: files neither partitioned nor sorted
+            what = "is an option" if len(tables_only) == 1 else "are options"
+            raise ConfigError(
+                f"output: {', '.join(tables_only)} {what} of table outputs (format: iceberg, "
+                f"delta or lance), not of a {output.format} output's files. Remove it, or "
+                "write a table."
+            )
         return Sink(
             _resolve(path, base), output.format, storage, output.file_size, output.file_rows
         )
@@ -60,6 +72,8 @@ def _sink(
         partition_by=tuple(output.partition_by),
         index=index,
         commit_seconds=output.commit_seconds,
+        file_size=output.file_size,
+        file_rows=output.file_rows,
     )
 
 

@@ -127,6 +127,12 @@ class JobConfig(_Strict):
     """Ray's runtime environment; ``working_dir`` defaults to the job file's directory when
     the job names code that lives there (``working_dir: null`` ships nothing)."""
 
+    @field_validator("carryover", mode="before")
+    @classmethod
+    def _one_name(cls, value: Any) -> Any:
+        """``carryover: "*"`` (every column) or ``carryover: id``: one name is a list of one."""
+        return [value] if isinstance(value, str) else value
+
     @field_validator("engine")
     @classmethod
     def _registered(cls, name: str) -> str:

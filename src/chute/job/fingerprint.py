@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import marshal
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,8 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
         elif key == "source" and isinstance(old, Mapping) and isinstance(new, Mapping):
             changes.append(_source_changes(old, new))
         elif key == "text_version":
+            if before.get("format") != after.get("format"):
+                continue  # parquet → jsonl: the format's change says it
             changes.append(
                 "the way chute writes durations and nested times to CSV and JSON Lines (the "
                 "output was begun by an earlier chute)"
@@ -179,20 +182,33 @@ HASHED_ARRAY_BYTES = 64 * 2**20
 state dict's weights); bigger payloads are described by shape and dtype only."""
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+"""``<Foo object at 0x7f...>``: an address, new in every process, is no part of a value."""
+
+
 def _short_repr(value: Any) -> str:
     """A cheap description of a constructor argument: small arrays by content, big ones by
-    shape, mappings and sequences item by item."""
+    shape, mappings and sequences item by item. A long text or list is kept as a hash of
+    its content: never its length alone, or a prompt edited to one of the same length
+    would resume an output that the old prompt began."""
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{k!r}: {_short_repr(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)) and len(value) <= 1000:
-        return "[" + ", ".join(_short_repr(v) for v in value) + "]"
+    if isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(_short_repr(v) for v in value) + "]"
+        return text if len(value) <= 1000 else _digest(value, text)
     shape = getattr(value, "shape", None)
     if shape is not None:
         return (
             f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}{_content(value)}"
         )
-    text = repr(value)
-    return text if len(text) <= 200 else f"{type(value).__name__}@{len(text)}"
+    text = _ADDRESS.sub("", repr(value))
+    return text if len(text) <= 200 else _digest(value, text)
+
+
+def _digest(value: Any, text: str) -> str:
+    """``str@290#<hash>``: a long description, kept short."""
+    digest = hashlib.blake2b(text.encode(errors="surrogatepass"), digest_size=8).hexdigest()
+    return f"{type(value).__name__}@{len(text)}#{digest}"
 
 
 def _content(array: Any) -> str:

@@ -178,6 +178,12 @@ class Model:
             object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "batch_size", BatchSize.parse(self.batch_size))
         object.__setattr__(self, "args", tuple(self.args))
+        if type(self.fn).__name__ == "AdapterSpec" and (self.args or self.kwargs):
+            raise ConfigError(  # else never passed anywhere: the model ran without them
+                f"model {self.name!r}: args/kwargs are the constructor arguments of a class "
+                "given as fn; a built-in adapter takes its options in chute.adapter(kind, "
+                "path=..., option=...) (in a job file, inside model:)."
+            )
         pool: Any = self.pool
         if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
             object.__setattr__(self, "pool", Pool.fixed(pool))  # pool=4: four replicas
@@ -213,6 +219,19 @@ class Preprocess:
             raise ConfigError(f"preprocess batch_format {self.batch_format!r} is not valid.")
 
 
+def _describe_preprocess(step: Preprocess | None) -> str | dict[str, Any] | None:
+    """The step's function, and its inputs and batch format where they are not the
+    defaults: NumPy or pandas batches make an integer column with a null float64, so a
+    resume after one changed would mix two kinds of values. (Defaults: the function's name
+    alone, as chute always wrote it, so outputs begun before still resume.)"""
+    if step is None:
+        return None
+    if step.inputs is None and step.batch_format == "pyarrow":
+        return fn_name(step.fn)
+    inputs = list(step.inputs) if step.inputs is not None else None
+    return {"fn": fn_name(step.fn), "inputs": inputs, "batch_format": step.batch_format}
+
+
 @dataclass(frozen=True)
 class Sink:
     """Where and how results are written: part files under ``path``."""
@@ -244,6 +263,49 @@ class Sink:
     def target(self) -> FileTarget:
         """The size a data file grows to (``file_size``, ``file_rows``)."""
         return FileTarget.parse(self.file_size, self.file_rows)
+
+
+def _carryover(columns: Any) -> tuple[str, ...]:
+    """The carried columns as names: one name alone is that column (not its letters); a
+    name twice would write two columns of one name (files no reader takes); ``*`` is every
+    column and stands alone."""
+    carry = (columns,) if isinstance(columns, str) else tuple(columns)
+    odd = [c for c in carry if not isinstance(c, str) or not c]
+    if odd:
+        raise ConfigError(f"carryover takes column names, got {odd[0]!r}.")
+    twice = sorted({c for c in carry if carry.count(c) > 1})
+    if twice:
+        raise ConfigError(
+            f"carryover names {', '.join(repr(c) for c in twice)} more than once: the output "
+            "would have two columns of one name, which readers refuse. Name each column once."
+        )
+    if "*" in carry and len(carry) > 1:
+        raise ConfigError(
+            "carryover '*' already means every input column: give '*' alone, or list the "
+            "columns to carry."
+        )
+    return carry
+
+
+def _check_parts(job: JobSpec) -> None:
+    """A part of the wrong kind (a path where a sink goes, a function where a model goes)
+    named for what it is, not an AttributeError from deep inside planning."""
+    if not (callable(getattr(job.source, "plan", None)) and hasattr(job.source, "schema")):
+        raise ConfigError(
+            f"source must be a chute source (chute.FileSource('data/'), chute.TableSource"
+            f"(table), ...), got {type(job.source).__name__} {job.source!r:.80}."
+        )
+    for model in job.models:
+        if not isinstance(model, Model):
+            raise ConfigError(
+                f"models must be chute.Model objects, got {type(model).__name__} {model!r:.80}:"
+                " wrap it, chute.Model('name', fn)."
+            )
+    if job.output is not None and not isinstance(job.output, Sink):
+        raise ConfigError(
+            f"output must be a chute sink (chute.Sink('out/'), a table's sink) or None, got "
+            f"{type(job.output).__name__} {job.output!r:.80}."
+        )
 
 
 @dataclass(frozen=True)
@@ -282,8 +344,9 @@ class JobSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "runtime_env", dict(self.runtime_env))
         object.__setattr__(self, "models", tuple(self.models))
-        object.__setattr__(self, "carryover", tuple(self.carryover))
+        object.__setattr__(self, "carryover", _carryover(self.carryover))
         object.__setattr__(self, "metrics", tuple(self.metrics))
+        _check_parts(self)
         if self.on_bad_input not in ("fail", "skip"):
             raise ConfigError(f"on_bad_input {self.on_bad_input!r} is not one of fail, skip.")
         share = self.max_failed_fraction
@@ -307,7 +370,7 @@ class JobSpec:
             "source": self.source.describe(),
             "models": [describe_model(m) for m in self.models],
             "carryover": list(self.carryover),
-            "preprocess": fn_name(self.preprocess.fn) if self.preprocess else None,
+            "preprocess": _describe_preprocess(self.preprocess),
             "format": self.output.format if self.output else None,
             "on_bad_input": self.on_bad_input,
             "metrics": [describe_metric(m) for m in self.metrics],

@@ -149,9 +149,9 @@ def _masked_rows(values: list[Any] | tuple[Any, ...]) -> Any:
     ``np.ma.masked`` into NaN (a number the model did not return) and drops the masks of
     rows' masked arrays. Rows of one length become one masked array (a fixed-size list
     column, as such rows without masks do); anything else a list, masked values ``None``."""
-    if all(isinstance(v, np.ndarray) and v.ndim == 1 for v in values):
-        if len({len(v) for v in values}) == 1:
-            return np.ma.stack(values)
+    rows = all(isinstance(v, np.ndarray) and v.ndim == 1 for v in values)
+    if rows and len({len(v) for v in values}) == 1:
+        return np.ma.stack(values)
     return [v.tolist() if isinstance(v, np.ma.MaskedArray) else v for v in values]
 
 
