@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import chute
@@ -67,6 +69,20 @@ def test_a_misspelt_engine_in_a_job_file_is_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"engine: not one of auto, local, ray\. Did you mean"):
         load_job(str(tmp_path / "job.yaml"))
+
+
+def test_an_in_process_engine_with_a_cluster_address_is_refused() -> None:
+    """``engine: local`` with ``--address head:6379`` ran here without a word."""
+    model = chute.Model("m", lambda batch: batch, inputs=("x",))
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"x": [1]})),
+        models=(model,),
+        engine="local",
+        address="head:6379",
+    )
+    with pytest.raises(ConfigError, match="the local engine, which runs in this process, and"):
+        engines.choose(job)
+    assert engines.choose(dataclasses.replace(job, engine="auto"))[0] == "ray"
 
 
 def test_no_module_outside_the_engines_compares_an_engine_name() -> None:

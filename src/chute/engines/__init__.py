@@ -91,11 +91,13 @@ class _Entry:
     attribute: str
     requires: str | None = None
     """A package the engine needs, and so the extra that installs it."""
+    clusters: bool = False
+    """Whether the engine runs on a cluster given by an address."""
 
 
 ENGINES: dict[str, _Entry] = {
     "local": _Entry("chute.engines.local", "LocalEngine"),
-    "ray": _Entry("chute.engines.ray", "RayEngine", requires="ray"),
+    "ray": _Entry("chute.engines.ray", "RayEngine", requires="ray", clusters=True),
 }
 """Every engine by name; the first is the embedded default."""
 
@@ -138,6 +140,12 @@ def create(name: str, options: EngineOptions | None = None) -> Engine:
 def choose(job: JobSpec) -> tuple[str, str]:
     """Which engine runs ``job``, and why (``chute plan`` and the report say it)."""
     if check_name(job.engine) != AUTO:
+        if job.address and not ENGINES[job.engine].clusters:
+            raise ConfigError(  # else the job ran here, not on the cluster it named
+                f"the job asks for the {job.engine} engine, which runs in this process, and "
+                f"for the cluster {job.address}: drop the address, or set engine: auto (or "
+                f"{', '.join(n for n, e in ENGINES.items() if e.clusters)}) to run there."
+            )
         return job.engine, f"the job asks for the {job.engine} engine"
     if job.address:
         return "ray", f"a cluster address was given ({job.address})"

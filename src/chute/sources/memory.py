@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from chute.errors import DataError
+from chute.errors import ConfigError, DataError
 from chute.raydata import quiet_data
 from chute.sources.base import MEMORY_UNIT_ROWS, Unit
 
@@ -19,6 +19,12 @@ class TableSource:
     """In-memory data held as one Arrow table, split into slices."""
 
     def __init__(self, table: pa.Table, unit_rows: int = MEMORY_UNIT_ROWS) -> None:
+        if not isinstance(table, pa.Table):
+            raise ConfigError(
+                f"TableSource takes a pyarrow Table, got {type(table).__name__}: pass "
+                "pa.Table.from_pandas(frame), or give the data to chute.run / chute.predict, "
+                "which take frames, dicts and arrays."
+            )
         if table.num_rows == 0:
             raise DataError("the input data has no rows: nothing to predict.")
         self.table = table
