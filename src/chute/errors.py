@@ -109,9 +109,9 @@ def missing_columns_error(
     missing: Iterable[str], available: Iterable[str], where: str
 ) -> ColumnNotFoundError:
     """Build the error for columns named by ``where`` that the data lacks."""
-    available = list(available)
+    available = [c for c in available if not c.startswith("__chute_")]  # chute's own
     missing = list(missing)
-    hints = "".join(did_you_mean(m, available) for m in missing)
+    hints = "".join(dict.fromkeys(did_you_mean(m, available) for m in missing))
     return ColumnNotFoundError(
         f"{where}: column(s) {', '.join(repr(m) for m in missing)} not found in the data."
         f"{hints} Available columns: {', '.join(available)}."
