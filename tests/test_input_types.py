@@ -132,6 +132,29 @@ def test_json_lines_files_keep_text_that_looks_like_a_time(tmp_path: Path) -> No
         (pa.array([1_000, 2_000], pa.timestamp("ms")), pa.timestamp("us")),
         (pa.nulls(3), pa.string()),
         (pa.array([b"a", None]), pa.string()),  # Parquet's binary beside string: UTF-8
+        pytest.param(
+            pa.array([0], pa.timestamp("s", "UTC")),
+            pa.timestamp("ms", "+02:00"),
+            id="another-zone-same-instant",
+        ),
+        pytest.param(pa.array([[1, None]], pa.list_(pa.int32())), pa.list_(pa.int64()), id="list"),
+        pytest.param(pa.array([[]], pa.list_(pa.null())), pa.list_(pa.string()), id="json-[]"),
+        pytest.param(pa.array([[b"a"]]), pa.large_list(pa.string()), id="list-of-utf8-bytes"),
+        pytest.param(
+            pa.array([{"b": 1, "a": "x"}]),
+            pa.struct([("a", pa.string()), ("b", pa.int64())]),
+            id="struct-fields-in-another-order",
+        ),
+        pytest.param(
+            pa.array([{"t": 0}], pa.struct([("t", pa.timestamp("s", "UTC"))])),
+            pa.struct([("t", pa.timestamp("us", "+02:00"))]),
+            id="struct-instant-in-another-zone",
+        ),
+        pytest.param(
+            pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int32())),
+            pa.map_(pa.large_string(), pa.int64()),
+            id="map",
+        ),
     ],
 )
 def test_a_cast_that_keeps_every_value_is_made(values: pa.Array, want: pa.DataType) -> None:
@@ -149,6 +172,41 @@ def test_a_cast_that_keeps_every_value_is_made(values: pa.Array, want: pa.DataTy
         (pa.array([2**53 + 1]), pa.float64()),
         (pa.array([0.1]), pa.float32()),
         (pa.array([b"\xff"]), pa.string()),  # not UTF-8
+        # a time without a zone is no instant, nor the other way round: 09:00 is not 09:00 UTC
+        pytest.param(pa.array([0], pa.timestamp("s")), pa.timestamp("s", "UTC"), id="naive-zoned"),
+        pytest.param(
+            pa.array([0], pa.timestamp("s", "+02:00")), pa.timestamp("s"), id="zoned-naive"
+        ),
+        pytest.param(pa.array([0], pa.date32()), pa.timestamp("s", "UTC"), id="date-zoned"),
+        # nested values obey the same rules as a column's
+        pytest.param(pa.array([[2139]]), pa.list_(pa.string()), id="list-of-numbers-to-text"),
+        pytest.param(pa.array([[b"\xff"]]), pa.list_(pa.string()), id="list-of-non-utf8"),
+        pytest.param(
+            pa.array([{"when": 0}], pa.struct([("when", pa.timestamp("s", "+02:00"))])),
+            pa.struct([("when", pa.string())]),
+            id="struct-instant-to-text",
+        ),
+        pytest.param(
+            pa.array([{"a": [1]}]),
+            pa.struct([("a", pa.list_(pa.timestamp("s")))]),
+            id="struct-of-list-of-numbers-to-times",
+        ),
+        pytest.param(
+            pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64())),
+            pa.map_(pa.string(), pa.string()),
+            id="map-of-numbers-to-text",
+        ),
+        # a field a later file lacks (Arrow fills it with nulls) or adds (Arrow drops it)
+        pytest.param(
+            pa.array([{"a": 1}]),
+            pa.struct([("a", pa.int64()), ("b", pa.int64())]),
+            id="struct-field-missing",
+        ),
+        pytest.param(
+            pa.array([{"a": 1, "b": 2}]),
+            pa.struct([("a", pa.int64())]),
+            id="struct-field-added",
+        ),
     ],
 )
 def test_a_cast_that_would_change_a_value_is_refused(values: pa.Array, want: pa.DataType) -> None:
@@ -163,6 +221,76 @@ def test_parquet_files_whose_types_differ_by_kind_are_schema_drift(tmp_path: Pat
     pq.write_table(pa.table({"id": [2], "zip": [2139]}), data / "b.parquet")
     with pytest.raises(DataError, match=r"schema drift: column 'zip' is string .* int64"):
         _run(chute.FileSource(str(data)), tmp_path)
+
+
+def test_json_lines_files_whose_nested_values_differ_in_kind_are_schema_drift(
+    tmp_path: Path,
+) -> None:
+    """Cast from the second file's types to the first's, its list of numbers was written as
+    text (2139 as '2139'), its struct's time as text without its zone and a struct field
+    it lacked as nulls."""
+    cases = {
+        "tags": ('["K1A0B1"]', "[2139, 1.50]", r"list<item: string> .* list<item: double>"),
+        "s": ('{"when": "soon"}', '{"when": "2024-01-01T10:00:00+02:00"}', r"struct<when: str"),
+        "p": ('{"x": 1, "y": 2}', '{"x": 3}', r"struct<x: int64, y: int64> .* struct<x: int64>"),
+    }
+    for name, (first, later, types) in cases.items():
+        data = tmp_path / name / "data"
+        _write(data / "a.jsonl", f'{{"id": 1, "{name}": {first}}}\n')
+        _write(data / "b.jsonl", f'{{"id": 2, "{name}": {later}}}\n')
+        drift = rf"schema drift: column '{name}' is {types}.* in .*b\.jsonl.*in Python"
+        with pytest.raises(DataError, match=drift):
+            _run(chute.FileSource(str(data)), tmp_path / name)
+
+
+def test_json_lines_nested_values_of_one_kind_are_read_as_the_first_files(tmp_path: Path) -> None:
+    """An empty list is a list of nulls, a struct's keys may come in another order."""
+    data = tmp_path / "data"
+    _write(data / "a.jsonl", '{"id": 1, "tags": ["x"], "s": {"a": 1, "b": "u"}}\n')
+    _write(data / "b.jsonl", '{"id": 2, "tags": [], "s": {"b": "v", "a": 2}}\n')
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.column("tags").to_pylist() == [["x"], []]
+    assert got.column("s").to_pylist() == [{"a": 1, "b": "u"}, {"a": 2, "b": "v"}]
+
+
+@pytest.mark.parametrize(
+    ("first", "later", "types"),
+    [
+        ("2024-01-01T00:00:00", "2024-01-01T00:00:00+02:00", r"timestamp\[s\] .* timestamp\[s, tz"),
+        (
+            "2024-01-01T09:00:00Z",
+            "2024-01-01T09:00:00",
+            r"timestamp\[s, tz=UTC\] .* timestamp\[s\]",
+        ),
+    ],
+    ids=["naive-then-zoned", "zoned-then-naive"],
+)
+def test_csv_files_with_and_without_a_time_zone_are_schema_drift(
+    tmp_path: Path, first: str, later: str, types: str
+) -> None:
+    """The zoned file was written as a naive time (00:00+02:00 as 22:00 the day before);
+    a naive 09:00 after a UTC file as 09:00 UTC. Declared as text, both are kept."""
+    data = tmp_path / "data"
+    _write(data / "a.csv", f"id,t\n1,{first}\n")
+    _write(data / "b.csv", f"id,t\n2,{later}\n")
+    drift = rf"schema drift: column 't' is {types}.* in .*b\.csv.*column_types: \{{t: string\}}"
+    with pytest.raises(DataError, match=drift):
+        _run(chute.FileSource(str(data)), tmp_path / "o1")
+    declared = chute.FileSource(str(data), column_types={"t": "string"})
+    assert _run(declared, tmp_path / "o2").column("t").to_pylist() == [first, later]
+
+
+def test_parquet_files_in_two_time_zones_keep_each_instant(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    at = pa.array([1_704_067_200], pa.timestamp("s", "UTC"))  # 2024-01-01T00:00Z
+    pq.write_table(pa.table({"id": [1], "t": at}), data / "a.parquet")
+    pq.write_table(
+        pa.table({"id": [2], "t": at.cast(pa.timestamp("s", "+02:00"))}), data / "b.parquet"
+    )
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.schema.field("t").type.tz == "UTC"
+    assert [t.timestamp() for t in got.column("t").to_pylist()] == [1_704_067_200] * 2
 
 
 # --------------------------------------------------------------------------- columns

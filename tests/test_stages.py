@@ -642,6 +642,43 @@ def test_an_output_column_whose_type_changes_between_batches_is_an_error_naming_
     assert got.sort_by("id").column("m_y").to_pylist()[1:] == [4.0, 6.0, 8.0, 10, 12, 14, 16]
 
 
+@pytest.mark.parametrize(
+    ("first", "later", "types"),
+    [
+        pytest.param(
+            pa.array([["a"]] * 4),
+            pa.array([[2139]] * 4),
+            r"list<item: int64> in this batch and as list<item: string>",
+            id="list-of-numbers-after-list-of-text",
+        ),
+        pytest.param(
+            pa.array([0] * 4, pa.timestamp("s")),
+            pa.array([0] * 4, pa.timestamp("s", "+02:00")),
+            r"timestamp\[s, tz=\+02:00\] in this batch and as timestamp\[s\]",
+            id="zoned-after-naive",
+        ),
+        pytest.param(
+            pa.array([{"a": 1, "b": 2}] * 4),
+            pa.array([{"a": 1}] * 4),
+            r"struct<a: int64> in this batch and as struct<a: int64, b: int64>",
+            id="struct-missing-a-field",
+        ),
+    ],
+)
+def test_an_output_whose_nested_or_zoned_type_changes_between_batches_is_an_error(
+    first: pa.Array, later: pa.Array, types: str
+) -> None:
+    """Cast to the first batch's type, the later batch's numbers were text ('2139'), its
+    times naive (shifted by their zone) or a missing struct field nulls."""
+    table = pa.table({"id": range(8), "x": range(8)})
+
+    def changes(batch: pa.Table) -> dict[str, Any]:
+        return {"y": first if batch.column("x")[0].as_py() < 4 else later}
+
+    with pytest.raises(ModelError, match=rf"returned 'm_y' as {types}"):
+        _run_batches(changes, table, "pyarrow")
+
+
 def test_output_columns_that_change_between_batches_are_an_error_naming_them() -> None:
     table = pa.table({"id": range(8), "x": range(8)})
 

@@ -270,10 +270,7 @@ def _drift(
     """Schema drift of one column, with the fixes."""
     if pa.types.is_dictionary(want.type):  # text read as a dictionary: named as the text
         want = want.with_type(want.type.value_type)
-    declare = (
-        f"declare its type for every file (CSV and JSON Lines: input: column_types: "
-        f"{{{want.name}: {got if not pa.types.is_null(got) else 'string'}}})"
-    )
+    declare = _declare(want, got)
     if pa.types.is_null(want.type):
         return (
             f"schema drift: column {want.name!r} has no values in {reference} (nor in the "
@@ -285,6 +282,34 @@ def _drift(
         f"{here}, and cannot be made {want.type} without changing values ({exc}). Make the "
         f"files agree, or {declare}, or set on_bad_input: skip to leave such files out."
     )
+
+
+def _declare(want: pa.Field, got: pa.DataType) -> str:
+    """How to give a drifting column one type for every file: the later file's where a job
+    file can name both files' types, else text (a time with a zone beside one without:
+    Arrow reads neither as the other), or in Python for a nested type (a job file names
+    none)."""
+    if pa.types.is_nested(got):
+        return (
+            "declare its type for every file (JSON Lines, in Python: FileSource(..., "
+            f"column_types={{{want.name!r}: <a pyarrow type>}}))"
+        )
+    named = got if _named(got) and (_named(want.type) or pa.types.is_null(want.type)) else "string"
+    return (
+        f"declare its type for every file (CSV and JSON Lines: input: column_types: "
+        f"{{{want.name}: {named}}})"
+    )
+
+
+def _named(kind: pa.DataType) -> bool:
+    """Whether a job file's column_types can name the type (``timestamp[ms]``, not one
+    with a zone, nor the null type)."""
+    if pa.types.is_null(kind):
+        return False
+    try:
+        return bool(pa.type_for_alias(str(kind)) == kind)
+    except (ValueError, KeyError):
+        return False
 
 
 def _changed(unit: Unit, rows: int) -> str:

@@ -168,38 +168,126 @@ def _masked(values: np.ma.MaskedArray, name: str, who: str) -> pa.Array:
 
 def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
     """``column`` as ``want``, where that changes no value: all-null values take any type;
-    otherwise both types must hold the same kind of value (numbers, text, instants...),
-    Arrow's safe cast must accept it (no overflow, no truncation) and casting back must
-    give the values read. Text is never made from numbers (``02139`` read as 2139 would
-    come back as ``"2139"``) and instants never lose their time of day; bytes become text
-    where they are UTF-8 (Arrow's cast checks), and text bytes."""
+    otherwise both types must hold the same kind of value (numbers, text, instants...) at
+    every depth (:func:`_same_kind`), Arrow's safe cast must accept it (no overflow, no
+    truncation) and casting back must give the values read. Text is never made from
+    numbers (``02139`` read as 2139 would come back as ``"2139"``), instants never lose
+    their time of day and a time without a zone never gains one (nor loses its own);
+    bytes become text where they are UTF-8 (Arrow's cast checks), and text bytes."""
     got = column.type
     if pa.types.is_null(got):
         return pa.chunked_array([pa.nulls(len(column), want)], want)
     if pa.types.is_dictionary(got):
         column, got = column.cast(got.value_type), got.value_type
     plain = want.value_type if pa.types.is_dictionary(want) else want
-    if _kind(got) != _kind(plain) and {_kind(got), _kind(plain)} != {"text", "bytes"}:
+    if not _same_kind(got, plain):
         raise pa.ArrowInvalid(f"{got} values are not {plain} values")
+    typed = _nulls_typed(got, plain)  # nulls inside: no cast back to the null type
+    if typed != got:
+        column, got = column.cast(typed), typed
     cast = column.cast(want)
     if got != plain and not _same_values(cast.cast(plain).cast(got), column):
         raise pa.ArrowInvalid(f"the cast to {plain} would change values")
     return cast
 
 
+def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
+    """Whether ``got``'s values are ``want``'s kind of value at every depth: a list's
+    values, a map's keys and items, a struct's fields (the same names, in any order: Arrow
+    casts a struct's fields by name, and fills a field it lacks with nulls and drops one
+    it has over, so a field a file lacks or adds is drift, as a column is). Nulls are of
+    any kind (a JSON ``[]`` is a list of nulls); bytes are text's kind, where they are
+    UTF-8 (Arrow's cast checks)."""
+    if pa.types.is_null(got):
+        return True
+    if pa.types.is_dictionary(got):
+        got = got.value_type
+    if pa.types.is_dictionary(want):
+        want = want.value_type
+    if _kind(got) != _kind(want) and {_kind(got), _kind(want)} != {"text", "bytes"}:
+        return False
+    have, wanted = _children(got), _children(want)
+    if sorted(name for name, _ in have) != sorted(name for name, _ in wanted):
+        return False
+    return all(_same_kind(child, dict(wanted)[name]) for name, child in have)
+
+
 def _kind(t: pa.DataType) -> str:
-    """What a type's values are, whatever their width or unit."""
+    """What a type's values are, whatever their width or unit (a nested type's own kind:
+    its children's are :func:`_children`). A timestamp with a zone is an instant; one
+    without, or a date, is a time on some unknown clock: which instant it is depends on a
+    zone no file says, so neither is made the other."""
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return "text"
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
         return "bytes"
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
         return "number"
-    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+    if pa.types.is_timestamp(t) and t.tz is not None:
         return "instant"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "local time"
+    if _is_list(t):
         return "list"
+    if pa.types.is_map(t):
+        return "map"
+    if pa.types.is_struct(t):
+        return "struct"
     return str(t.id)
+
+
+def _children(t: pa.DataType) -> list[tuple[str, pa.DataType]]:
+    """A nested type's children by name (a list's values, a map's keys and items, a
+    struct's fields); none for any other type."""
+    if _is_list(t):
+        return [("values", t.value_type)]
+    if pa.types.is_map(t):
+        return [("keys", t.key_type), ("items", t.item_type)]
+    if pa.types.is_struct(t):
+        return [(t.field(i).name, t.field(i).type) for i in range(t.num_fields)]
+    return []
+
+
+def _nulls_typed(got: pa.DataType, want: pa.DataType) -> pa.DataType:
+    """``got`` with ``want``'s types where it holds only nulls, at any depth (a JSON ``[]``
+    is a list of nulls): those stay nulls, and the rest is as read."""
+    if pa.types.is_null(got):
+        return want.value_type if pa.types.is_dictionary(want) else want
+    if pa.types.is_dictionary(want):
+        want = want.value_type
+    wanted = dict(_children(want))
+    have = _children(got)
+    typed = [(name, _nulls_typed(child, wanted.get(name, child))) for name, child in have]
+    return got if typed == have else _nested(got, [child for _, child in typed])
+
+
+def _nested(t: pa.DataType, children: list[pa.DataType]) -> pa.DataType:
+    """Nested type ``t`` with other children (as :func:`_children` orders them)."""
+    if pa.types.is_map(t):
+        key, item = t.key_field.with_type(children[0]), t.item_field.with_type(children[1])
+        return pa.map_(key, item, keys_sorted=t.keys_sorted)
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(c) for i, c in enumerate(children)])
+    values = t.value_field.with_type(children[0])
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(values, t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(values)
+    if pa.types.is_list_view(t):
+        return pa.list_view(values)
+    if pa.types.is_large_list_view(t):
+        return pa.large_list_view(values)
+    return pa.list_(values)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
 
 
 def _same_values(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
