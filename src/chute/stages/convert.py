@@ -166,21 +166,27 @@ def _masked(values: np.ma.MaskedArray, name: str, who: str) -> pa.Array:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
 
 
-def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
+def cast_exactly(
+    column: pa.ChunkedArray, want: pa.DataType, fewer_fields: bool = False
+) -> pa.ChunkedArray:
     """``column`` as ``want``, where that changes no value: all-null values take any type;
     otherwise both types must hold the same kind of value (numbers, text, instants...) at
     every depth (:func:`_same_kind`), Arrow's safe cast must accept it (no overflow, no
     truncation) and casting back must give the values read. Text is never made from
     numbers (``02139`` read as 2139 would come back as ``"2139"``), instants never lose
     their time of day and a time without a zone never gains one (nor loses its own);
-    bytes become text where they are UTF-8 (Arrow's cast checks), and text bytes."""
+    bytes become text where they are UTF-8 (Arrow's cast checks), and text bytes.
+
+    ``fewer_fields``: a struct may lack fields ``want`` has (they are null), as a model's
+    batch of dicts that never has an optional key; never one ``want`` lacks (it would be
+    dropped). An input file's struct must have ``want``'s fields, as a file its columns."""
     got = column.type
     if pa.types.is_null(got):
         return pa.chunked_array([pa.nulls(len(column), want)], want)
     if pa.types.is_dictionary(got):
         column, got = column.cast(got.value_type), got.value_type
     plain = want.value_type if pa.types.is_dictionary(want) else want
-    if not _same_kind(got, plain):
+    if not _same_kind(got, plain, fewer_fields):
         raise pa.ArrowInvalid(f"{got} values are not {plain} values")
     typed = _nulls_typed(got, plain)  # nulls inside: no cast back to the null type
     if typed != got:
@@ -191,13 +197,13 @@ def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
     return cast
 
 
-def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
+def _same_kind(got: pa.DataType, want: pa.DataType, fewer_fields: bool = False) -> bool:
     """Whether ``got``'s values are ``want``'s kind of value at every depth: a list's
     values, a map's keys and items, a struct's fields (the same names, in any order: Arrow
     casts a struct's fields by name, and fills a field it lacks with nulls and drops one
     it has over, so a field a file lacks or adds is drift, as a column is). Nulls are of
     any kind (a JSON ``[]`` is a list of nulls); bytes are text's kind, where they are
-    UTF-8 (Arrow's cast checks)."""
+    UTF-8 (Arrow's cast checks). ``fewer_fields``: see :func:`cast_exactly`."""
     if pa.types.is_null(got):
         return True
     if pa.types.is_dictionary(got):
@@ -206,10 +212,13 @@ def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
         want = want.value_type
     if _kind(got) != _kind(want) and {_kind(got), _kind(want)} != {"text", "bytes"}:
         return False
-    have, wanted = _children(got), _children(want)
-    if sorted(name for name, _ in have) != sorted(name for name, _ in wanted):
+    have, wanted = _children(got), dict(_children(want))
+    names, wanted_names = {name for name, _ in have}, set(wanted)
+    if not (
+        names <= wanted_names if fewer_fields and _kind(got) == "struct" else names == wanted_names
+    ):
         return False
-    return all(_same_kind(child, dict(wanted)[name]) for name, child in have)
+    return all(_same_kind(child, wanted[name], fewer_fields) for name, child in have)
 
 
 def _kind(t: pa.DataType) -> str:
