@@ -4,15 +4,17 @@ are in tests/llm)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
 from chute.cli import main
-from chute.errors import ConfigError, DataError
+from chute.errors import ConfigError, DataError, ModelError
 from chute.models.base import ROW
 from chute.models.llm.requests import openai_request, requests_of
 from chute.models.llm.responses import Outcome, line
@@ -253,6 +255,34 @@ def test_an_openai_batch_output_refuses_quarantine(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="on_error: quarantine, but an openai-batch output"):
         job.run()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [None, "answered", '{"id": "x"}', '{"custom_id": "a",\n"response": null}'],
+    ids=["null", "not-json", "no-custom-id", "two-lines"],
+)
+def test_an_openai_batch_output_takes_only_batch_lines(tmp_path: Path, answer: Any) -> None:
+    """A model of the user's own gave the line column: None was written as 'None', text
+    with a newline as two lines, any text as an answer; the run reported success."""
+    import chute
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "url": "/v1/completions", "body": {}}) + "\n")
+    job = chute.Job(
+        source=OpenAIBatchSource(str(path)),
+        models=(chute.Model("llm", lambda b: {"line": [answer] * b.num_rows}),),
+        output=chute.Sink(str(tmp_path / "out"), "openai-batch"),
+        engine="local",
+    )
+    with pytest.raises(ModelError, match=r"each must be one JSON object with its \"custom_id\""):
+        job.run()
+    good = json.dumps({"custom_id": "a", "response": None, "error": None})
+    job = dataclasses.replace(
+        job, models=(chute.Model("llm", lambda b: {"line": [good] * b.num_rows}),)
+    )
+    job.run()
+    assert (tmp_path / "out").is_dir()
 
 
 def test_the_single_file_is_assembled_in_input_order_past_a_million_units(

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from chute.errors import ConfigError
+from chute.errors import ConfigError, ModelError
 
 NULL = "null"
 
@@ -98,7 +98,27 @@ def openai_lines(table: pa.Table) -> bytes:
             "the input with format: openai-batch and run a vllm model over it, or choose "
             "another output format."
         )
-    return "".join(f"{text}\n" for text in table.column(lines[0]).to_pylist()).encode()
+    texts = table.column(lines[0]).to_pylist()
+    for row, text in enumerate(texts):
+        _check_batch_line(text, lines[0], row)
+    return "".join(f"{text}\n" for text in texts).encode()
+
+
+def _check_batch_line(text: Any, column: str, row: int) -> None:
+    """One OpenAI Batch output line: a JSON object with its ``custom_id``, on one line.
+    A model of the user's own that returns a ``line`` column could give ``None`` (written
+    as ``None``), text with a newline (two lines, neither an answer) or any other text."""
+    try:
+        line = json.loads(text) if isinstance(text, str) and "\n" not in text else None
+    except ValueError:
+        line = None
+    if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
+        raise ModelError(
+            f"the openai-batch output takes {column!r} as OpenAI Batch output lines, but its "
+            f"value {row + 1:,} of a part is {str(text)[:80]!r}: each must be one JSON object "
+            'with its "custom_id", on one line (as the vllm and openai models write them). '
+            "Return such lines, or choose another output format."
+        )
 
 
 def to_jsonl(table: pa.Table) -> bytes:
