@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -314,3 +315,53 @@ def test_fail_names_the_unreadable_file(
         _job(chute.FileSource(str(root)), out, engine).run()
     assert str(root / name) in str(info.value)
     assert not (out / "_SUCCESS").exists()
+
+
+def _named_csv(path: Path, ids: range, stray: int | None = None) -> None:
+    """``id,name`` rows (name is text); row ``stray`` opens a quote it never closes."""
+    rows = [f'{i},"n{i}' if i == stray else f"{i},n{i}" for i in ids]
+    text = "id,name\n" + "\n".join(rows) + "\n"
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as f:
+        f.write(text)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+@pytest.mark.timeout(180)
+def test_a_csv_quote_left_open_is_a_bad_file_not_lost_rows(
+    tmp_path: Path, engine: str, suffix: str
+) -> None:
+    """Arrow reads a quote open at the end of the file as one value holding every line
+    after it: 51 of 100 rows, and no error."""
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(2):
+        _named_csv(root / f"f{i}{suffix}", range(i * 100, i * 100 + 100))
+    _named_csv(root / f"f2{suffix}", range(200, 300), stray=250)
+
+    def job(out: str, policy: str) -> chute.Job:
+        model = chute.Model("m", lambda b: np.ones(b.num_rows), inputs=("name",))
+        return chute.Job(
+            source=chute.FileSource(str(root)),
+            models=(model,),
+            carryover=("id",),
+            output=chute.Sink(str(tmp_path / out)),
+            engine=engine,
+            on_bad_input=policy,  # type: ignore[arg-type]
+        )
+
+    with pytest.raises(chute.DataError, match=r"f2\.csv.*quote that is never closed.*line 52"):
+        job("o1", "fail").run()
+    report = job("o2", "skip").run()
+    assert sorted(pd.read_parquet(tmp_path / "o2").id) == list(range(200))
+    assert [b["unit"].rsplit("/", 1)[1] for b in report.units_bad] == [f"f2{suffix}"]
+
+
+def test_a_quote_inside_a_csv_value_that_does_not_open_it_is_text(tmp_path: Path) -> None:
+    """An odd number of quotes, none left open: Arrow reads ``5'11"`` as text."""
+    path = tmp_path / "a.csv"
+    path.write_text('id,height,note\n1,5\'11","a ""b"", c"\n2,6\'0",x"y\n')
+    source = chute.FileSource(str(path))
+    table = pa.concat_tables(source.read(u, None) for u in source.plan())
+    assert table.column("height").to_pylist() == ["5'11\"", "6'0\""]
+    assert table.column("note").to_pylist() == ['a "b", c', 'x"y']
