@@ -321,6 +321,27 @@ def test_a_header_that_is_not_utf8_or_names_a_column_twice_is_a_data_error(
         _run(chute.FileSource(str(twice)), tmp_path / "o2")
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param({"x": "caf\u00e9"}, id="top-level"),
+        pytest.param({"s": {"x": "caf\u00e9"}}, id="in-a-struct"),
+        pytest.param({"tags": ["ok", "caf\u00e9"]}, id="in-a-list"),
+    ],
+)
+def test_a_json_lines_value_that_is_not_utf8_is_a_data_error(
+    tmp_path: Path, record: dict[str, object]
+) -> None:
+    """Arrow's JSON reader keeps such bytes as they are: the Parquet written from them was
+    invalid, and the run said it succeeded."""
+    path = tmp_path / "data" / "a.jsonl"
+    path.parent.mkdir()
+    lines = [json.dumps({"id": 1}), json.dumps({"id": 2, **record}, ensure_ascii=False)]
+    path.write_bytes("\n".join(lines).encode("latin-1") + b"\n")
+    with pytest.raises(DataError, match=r"a\.jsonl' is not UTF-8: column '(x|s|tags)'.*UTF-8"):
+        _run(chute.FileSource(str(path)), tmp_path)
+
+
 def test_an_empty_file_named_by_a_glob_is_refused_by_name_or_skipped(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _write(data / "a.csv", "id\n1\n")

@@ -348,6 +348,27 @@ def _open_quote_error(path: str, data: bytes, opened: int) -> DataError:
     )
 
 
+def _holds_text(t: pa.DataType) -> bool:
+    """Whether a column's values hold text, at any depth (a list of strings, a struct's)."""
+    return _text(t) or any(_holds_text(t.field(i).type) for i in range(t.num_fields))
+
+
+def _check_utf8(table: pa.Table, path: str) -> None:
+    """JSON Lines text that is not UTF-8: Arrow's JSON reader keeps its bytes as they are
+    (its CSV reader refuses them), and the Parquet written from them cannot be read back.
+    Arrow's full validation, of the text columns only."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if not _holds_text(column.type):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise DataError(
+                f"input file {path!r} is not UTF-8: column {name!r} holds text that does not "
+                f"decode ({exc}). Save the file as UTF-8."
+            ) from exc
+
+
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
 """A CSV or JSON Lines file named with one of these is read through Arrow's codec
 (``trips.csv.gz``); Parquet compresses its pages itself."""
@@ -787,9 +808,11 @@ class FileSource:
                 raise
             raise DataError(self._type_error(path, exc)) from exc
         _check_names(table.schema, path)
-        if columns is None:
-            return table
-        return table.select([c for c in columns if c in table.column_names])
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
+        if self.format == "jsonl":
+            _check_utf8(table, path)
+        return table
 
     def _opener(self, path: str, listed: int | None) -> Callable[[], Any]:
         """Opens the file afresh at each call, through its codec (``.csv.gz``)."""
