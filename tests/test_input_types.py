@@ -321,6 +321,17 @@ def test_a_header_that_is_not_utf8_or_names_a_column_twice_is_a_data_error(
         _run(chute.FileSource(str(twice)), tmp_path / "o2")
 
 
+def test_a_csv_that_names_a_column_twice_is_refused_when_only_some_columns_are_read(
+    tmp_path: Path,
+) -> None:
+    """Arrow's ``include_columns`` took the first ``x`` and dropped the other in silence."""
+    data = tmp_path / "data"
+    _write(data / "a.csv", "id,x\n1,a\n")
+    _write(data / "b.csv", "id,x,y,x\n2,B1,yy,B2\n")
+    with pytest.raises(DataError, match=r"b\.csv' names the column\(s\) 'x' more than once"):
+        _run(chute.FileSource(str(data)), tmp_path, ("id", "x"))
+
+
 @pytest.mark.parametrize(
     "record",
     [
