@@ -274,11 +274,18 @@ def _bad_magic(path: Path) -> None:
     path.write_bytes(data[:-4] + b"XXXX")
 
 
+def _a_name_twice(path: Path) -> None:
+    ids, x = pa.array(np.arange(900, 1000)), pa.array(np.arange(100.0))
+    pq.write_table(pa.Table.from_arrays([ids, x, x], names=["id", "x", "x"]), path)
+
+
 UNREADABLE = [
     pytest.param("f1a.parquet", _truncated, id="truncated"),
     pytest.param("a.parquet", _truncated, id="truncated-first"),
     pytest.param("f1a.parquet", _bad_magic, id="bad-magic"),
     pytest.param("f1a.parquet", lambda p: p.write_bytes(b"\x00garbage" * 64), id="garbage"),
+    pytest.param("f1a.parquet", _a_name_twice, id="parquet-a-name-twice"),
+    pytest.param("a.parquet", _a_name_twice, id="parquet-a-name-twice-first"),
     pytest.param("f1a.csv", lambda p: p.write_text('id,x\n1,2\n3,"4\n5\n'), id="csv-unparsable"),
     pytest.param("f1a.csv", lambda p: p.write_text("id,x\n1,2,3,4\n"), id="csv-ragged"),
 ]

@@ -607,7 +607,9 @@ class FileSource:
             raise _empty_error(path, 1)
         try:
             if self.format == "parquet":
-                return retrying(lambda: pq.read_schema(self._open(path)), f"reading {path}"), None
+                schema = retrying(lambda: pq.read_schema(self._open(path)), f"reading {path}")
+                _check_names(schema, path)
+                return schema, None
             table = retrying(lambda: self._read_file(path, None), f"reading {path}")
             return table.schema, table.num_rows
         except (pa.ArrowException, OSError) as exc:
@@ -641,10 +643,11 @@ class FileSource:
         return units
 
     def _footer(self, path: str) -> pq.FileMetaData | DataError:
-        """The file's footer, or the error that says why it cannot be read."""
+        """The file's footer, or the error that says why it cannot be read (a column named
+        twice included: Arrow reads the file, chute could not tell the two apart)."""
         try:
             size = self._stamps.get(path, (None, None))[0]
-            return retrying(
+            meta = retrying(
                 lambda: parquet_metadata(self.filesystem, path, size), f"reading {path}"
             )
         except (pa.ArrowException, OSError) as exc:
@@ -652,6 +655,11 @@ class FileSource:
             if not isinstance(error, DataError):
                 raise error from exc  # not the file's fault: never a bad file to skip
             return error
+        try:
+            _check_names(meta.schema.to_arrow_schema(), path)
+        except DataError as exc:
+            return exc
+        return meta
 
     def _parquet_units(self, path: str, meta: pq.FileMetaData, start: int) -> list[Unit]:
         units: list[Unit] = []
