@@ -319,6 +319,20 @@ def test_a_photo_whose_name_starts_with_an_underscore_is_read(tmp_path: Path) ->
     ]
 
 
+def test_a_file_named_in_the_input_that_is_not_jpeg_or_png_is_refused(tmp_path: Path) -> None:
+    """A .webp and a .tif in a list of three were dropped without a word (one row out);
+    a folder or a glob still leaves other files out, as documented."""
+    pixels = np.zeros((4, 4, 3), dtype=np.uint8)
+    for name, fmt in [("a.jpg", "JPEG"), ("b.webp", "WEBP"), ("c.tif", "TIFF")]:
+        Image.fromarray(pixels).save(tmp_path / name, format=fmt)
+    listed = [str(tmp_path / n) for n in ("a.jpg", "b.webp", "c.tif")]
+    for named in (listed, listed[1]):
+        with pytest.raises(chute.DataError, match=r"b\.webp.* is not an image .* .jpg, .jpeg or"):
+            ImageSource(named).files()
+    for found in (str(tmp_path), str(tmp_path / "*")):
+        assert [Path(p).name for p in ImageSource(found).files()] == ["a.jpg"]
+
+
 @pytest.mark.parametrize("mode", ["L", "RGB"])
 def test_a_16_bit_grayscale_png_is_scaled_to_8_bits_not_clipped(tmp_path: Path, mode: str) -> None:
     """Pillow's convert clips a 16-bit picture's values at 255: every pixel but the darkest

@@ -42,7 +42,8 @@ import pyarrow as pa
 from chute.errors import ChuteError, ConfigError, DataError
 from chute.retry import retrying
 from chute.sources.base import FORMATS, Unit, UnreadableRows, unreadable
-from chute.sources.files import FileSource
+from chute.sources.files import FileSource, _has_glob
+from chute.storage import resolve
 
 if TYPE_CHECKING:
     from chute.storage import StorageOptions
@@ -122,9 +123,19 @@ class ImageSource(FileSource):
         return {**state, "_files": None, "_stamps": {}}
 
     def files(self) -> list[str]:
-        """The image files, sorted; other files in a folder are left out."""
+        """The image files, sorted; other files in a folder or matched by a glob are left
+        out, a file named on its own that is not JPEG or PNG is refused (it was dropped
+        without a word: a ``.webp`` in a list of three left two rows)."""
         if self._files is None:
             listed = super().files()
+            named = {resolve(p, self.storage)[1] for p in self.paths if not _has_glob(p)}
+            other = [f for f in listed if f in named and not is_image(f)]
+            if other:
+                raise DataError(
+                    f"input file {other[0]!r}{_more(other)} is not an image chute reads: "
+                    "images are JPEG or PNG files named .jpg, .jpeg or .png. Convert it, or "
+                    "leave it out of the input."
+                )
             self._files = [f for f in listed if is_image(f)]
             if not self._files:
                 raise DataError(
@@ -296,6 +307,10 @@ def _open_image(data: bytes, path: str) -> Any:
         ) from exc
     except (OSError, SyntaxError, ValueError, image.DecompressionBombError) as exc:
         raise DataError(f"cannot decode image {path!r}: {exc}") from exc
+
+
+def _more(paths: Sequence[str]) -> str:
+    return f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
 
 
 def is_image(path: str) -> bool:
