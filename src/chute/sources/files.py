@@ -54,7 +54,7 @@ def _filesystem(path: str, storage: StorageOptions | None = None) -> tuple[pafs.
     return resolve(path, storage)
 
 
-def _has_glob(path: str) -> bool:
+def has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
@@ -89,7 +89,7 @@ def _listing(
 ) -> list[pafs.FileInfo]:
     """A folder's files leave out hidden ones (:func:`_hidden`) and, unless
     ``keep_empty``, 0-byte ones."""
-    if _has_glob(path):
+    if has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
         matches = _glob(path).fullmatch
@@ -203,7 +203,7 @@ def _near(fs: pafs.FileSystem, path: str, original: str) -> str:
 
 def _empty_files(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
     """The 0-byte files of a directory (what :func:`_listing` leaves out)."""
-    if _has_glob(path) or fs.get_file_info(path).type != pafs.FileType.Directory:
+    if has_glob(path) or fs.get_file_info(path).type != pafs.FileType.Directory:
         return []
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     return [i for i in infos if i.is_file and not i.size and not _hidden(i.path[len(path) :])]
@@ -730,7 +730,7 @@ class FileSource:
         part = f"{out}/{part_name}"
         for original in self.paths if self.READS_PARTS else ():
             given = real(_filesystem(original, self.storage)[1])
-            if _has_glob(given):
+            if has_glob(given):
                 if _glob(given).fullmatch(part):
                     return f"the input glob {original!r} matches the output's files ({part})"
             elif out.startswith(given + "/") and not _hidden(out[len(given) :]):

@@ -42,7 +42,7 @@ import pyarrow as pa
 from chute.errors import ChuteError, ConfigError, DataError
 from chute.retry import retrying
 from chute.sources.base import FORMATS, Unit, UnreadableRows, unreadable
-from chute.sources.files import FileSource, _has_glob
+from chute.sources.files import FileSource, has_glob
 from chute.storage import resolve
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class ImageSource(FileSource):
         without a word: a ``.webp`` in a list of three left two rows)."""
         if self._files is None:
             listed = super().files()
-            named = {resolve(p, self.storage)[1] for p in self.paths if not _has_glob(p)}
+            named = {resolve(p, self.storage)[1] for p in self.paths if not has_glob(p)}
             other = [f for f in listed if f in named and not is_image(f)]
             if other:
                 raise DataError(
