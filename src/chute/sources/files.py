@@ -294,9 +294,11 @@ def _check_names(schema: pa.Schema, path: str) -> None:
 
 class _CsvStream:
     """A CSV file's bytes as Arrow's reader takes them, noting on the way what its parse
-    does not tell: the number of quote characters (``bytes.count`` over blocks read anyway:
-    no measurable time on 2 M rows), and the first block, which holds the header (the
-    whole of it, where the parse keeps only some columns: :func:`_csv_header`).
+    does not tell: the number of quote characters (``bytes.count`` over blocks read anyway),
+    and the first block, which holds the header (the whole of it, where the parse keeps only
+    some columns: :func:`_csv_header`). Reading through Python and counting cost about a
+    fifth more CPU than Arrow's own file reader (a 123 MB file of 2 M rows: 0.37 → 0.46 s),
+    the price of never losing the rows an open quote swallows.
 
     An odd count is the sign of a quote left open (:func:`_open_quote`); one beside an odd
     number of quotes that are text goes unseen, a check of every quote costing a Python
