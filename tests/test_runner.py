@@ -18,6 +18,7 @@ from chute.coalesce import Coalescer
 from chute.ledger import META_DIR, SUCCESS, Ledger
 from chute.plan import Plan, build_plan
 from chute.runner import Committer
+from chute.runner import committer as committer_module
 from chute.sinks import PartRecord, to_ipc
 from chute.stages import KEY, decode, tag
 
@@ -98,12 +99,30 @@ def test_the_unit_that_passes_the_failed_share_is_neither_counted_nor_committed(
     ledger = Ledger.open(str(tmp_path), "fp", {}, False)
     committer = Committer(build_plan(job), ledger, None)
     failing = replace(_rec(1, 0, 5, 5), error_rows=5, errors_path="_errors/part-1")
-    with pytest.raises(chute.ModelError, match=r"5 of the 10 rows .* allows 40%"):
+    with pytest.raises(chute.ModelError, match=r"5 of the first 10 rows .* allows 40%"):
         committer.add([_rec(0, 0, 5, 5), failing])
     assert committer.done == {0}
     assert (committer.rows_in, committer.rows_failed) == (5, 0)
     committer.flush()
     assert list(Ledger.open(str(tmp_path), "fp", {}, False).entries) == ["memory[0:5]"]
+
+
+def test_the_failed_share_is_of_the_units_in_input_order_not_as_they_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit whose rows all failed has no data file and commits at once, while the good
+    units before it wait for their shared file: counted as they committed, one bad unit of
+    four stopped the run as '5 of the 5 rows failed'."""
+    from dataclasses import replace
+
+    table = pa.table({"x": np.arange(20, dtype=np.int64)})
+    job = Job(TableSource(table, unit_rows=5), (Model("m", double),), max_failed_fraction=0.4)
+    monkeypatch.setattr(committer_module, "FAILURE_SAMPLE", 5)  # a unit: order decides
+    committer = Committer(build_plan(job), Ledger.open(str(tmp_path), "fp", {}, False), None)
+    committer.add([replace(_rec(2, 0, 5, 5), error_rows=5, errors_path="_errors/part-2")])
+    committer.add([_rec(0, 0, 5, 5), _rec(1, 0, 5, 5), _rec(3, 0, 5, 5)])
+    assert committer.done == {0, 1, 2, 3}
+    assert (committer.rows_in, committer.rows_failed) == (20, 5)
 
 
 def test_unit_total_comes_from_the_last_part() -> None:

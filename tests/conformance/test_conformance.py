@@ -238,6 +238,34 @@ def test_quarantine_isolates_exactly_the_rows_a_model_raises_on(
     assert (good["m_ok"].to_numpy() == good["trip_id"].to_numpy() * 2).all()
 
 
+def raises_on_the_sixth_file(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    ids = batch["id"]
+    if np.any((ids >= 5_000) & (ids < 6_000)):
+        raise ValueError("a file the model cannot score")
+    return {"ok": ids * 2}
+
+
+@pytest.mark.timeout(120)
+def test_one_bad_file_of_twenty_is_quarantined_not_taken_for_a_broken_model(
+    engine: str, tmp_path: Path
+) -> None:
+    """The unit whose rows all failed has no data file and committed at once, while the
+    good units before it waited for their shared file: the failed share was taken over it
+    alone ('1,000 of the 1,000 rows committed so far failed') and every run stopped."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(20):
+        ids = np.arange(i * 1_000, (i + 1) * 1_000)
+        pq.write_table(pa.table({"id": ids}), data / f"part-{i:02d}.parquet")
+    model = chute.Model("m", raises_on_the_sixth_file, inputs=("id",), batch_format="numpy",
+                        on_error="quarantine")  # fmt: skip
+    job = chute.Job(chute.FileSource(str(data)), (model,), output=chute.Sink(str(tmp_path / "out")),
+                    carryover=("id",), engine=engine)  # type: ignore[arg-type]  # fmt: skip
+    report = job.run()
+    assert (report.rows_out, report.rows_failed) == (19_000, 1_000)
+    assert pq.read_table(tmp_path / "out" / "_errors").num_rows == 1_000
+
+
 # --------------------------------------------------------------------------- errors
 
 

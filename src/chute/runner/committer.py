@@ -48,6 +48,13 @@ class Committer:
         self.rows_in = 0
         self.rows_out = 0
         self.rows_failed = 0
+        self._order = sorted(self.units)
+        """This run's units in input order: the failed share is taken over those from the
+        first on that are all committed (:meth:`_check_failures`)."""
+        self._counts: dict[int, tuple[int, int]] = {}
+        """Rows and failed rows of each unit committed, until the prefix passes it."""
+        self._prefix = (0, 0, 0)
+        """Units in the prefix, their rows and their failed rows."""
         self.saw_null = False
         """Whether a part wrote a column of the ``null`` type (see :mod:`chute.runner.retype`)."""
         self.skipped: list[dict[str, str]] = []
@@ -264,7 +271,7 @@ class Committer:
         skipped = next((p.skipped for p in parts if p.skipped), "")
         rows = 0 if skipped else self._totals[index]
         failed = sum(p.error_rows for p in parts)
-        self._check_failures(self.rows_in + rows, self.rows_failed + failed)
+        self._check_failures(index, rows, failed)
         self.done.add(index)  # counted only once it is to be committed
         self.rows_in += rows
         self.rows_out += rows - failed
@@ -292,17 +299,39 @@ class Committer:
             entry["table"] = tables
         return entry
 
-    def _check_failures(self, rows_in: int, failed: int) -> None:
+    def _check_failures(self, index: int, rows: int, failed: int) -> None:
         """Stop a run whose failed rows would pass the job's ``max_failed_fraction`` once
         1,000 rows (or all the planned ones) are in, before the unit that passes it is
         counted or committed: a model that raises on most rows is broken, and quarantining
-        them all would end the run "complete" with the output empty."""
+        them all would end the run "complete" with the output empty.
+
+        The share is of the run's units from the first on that are all committed, in input
+        order, not of all committed so far: a unit whose rows all failed has no data file
+        to wait for, and commits while the good units before it wait for their shared file
+        (:data:`chute.coalesce.HOLD_SECONDS`); counted as they committed, one bad file of
+        twenty stopped every run as "1,000 of 1,000 rows failed"."""
+        counts = self._counts
+        counts[index] = (rows, failed)
+        units, rows_in, failed_in = self._prefix
+        passed: dict[int, tuple[int, int]] = {}
+        while units < len(self._order) and (unit := self._order[units]) in counts:
+            passed[unit] = counts.pop(unit)
+            units, rows_in, failed_in = (
+                units + 1,
+                rows_in + passed[unit][0],
+                failed_in + passed[unit][1],
+            )
         share = self.plan.job.max_failed_fraction
         seen = min(FAILURE_SAMPLE, self.plan.pending_rows or FAILURE_SAMPLE)
-        if not failed or rows_in < seen or failed <= share * rows_in:
-            return
+        if failed_in and rows_in >= seen and failed_in > share * rows_in:
+            counts.update(passed)  # as it was: this unit is neither counted nor committed
+            del counts[index]
+            self._fail(failed_in, rows_in, share)
+        self._prefix = (units, rows_in, failed_in)
+
+    def _fail(self, failed: int, rows_in: int, share: float) -> None:
         raise ModelError(
-            f"{failed:,} of the {rows_in:,} rows committed so far failed "
+            f"{failed:,} of the first {rows_in:,} rows of this run failed "
             f"({failed / rows_in:.0%}; the job allows {share:.0%}, "
             "max_failed_fraction): a model that fails most rows is broken, not its rows. See "
             "the errors dataset (_errors/) for why, fix the model and run the job again (what "
