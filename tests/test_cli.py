@@ -260,6 +260,51 @@ def test_report_prints_a_run_again_and_writes_its_html(job_dir: Path) -> None:
     assert "rows written, cumulative" in page and "<svg" in page
 
 
+@pytest.mark.timeout(120)
+def test_status_and_report_say_what_changed_since_the_last_report(job_dir: Path) -> None:
+    """After a run's report: the job file changed (status said 'finished yes' for an
+    output `chute run` refused), a run killed before its report (report reprinted the old
+    totals as current), an --overwrite that stopped (report said complete without _SUCCESS),
+    and a run writing the output now (status said 'run the job again')."""
+    import json
+
+    from chute.lease import Lease
+    from chute.sinks import output_filesystem
+
+    spec, out = job_dir / "job.yaml", job_dir / "out"
+    assert invoke("run", str(spec), "-q")[0] == 0
+    code, text = invoke("status", str(spec))
+    assert code == 0 and "another job's results" not in text and "since this report" not in text
+
+    report = out / "_chute" / "report.json"
+    data = json.loads(report.read_text())
+    data["totals"]["units"] = 9  # as a run killed after 3 more commits leaves it
+    report.write_text(json.dumps(data))
+    code, text = invoke("report", str(out))
+    assert code == 0 and "the ledger holds 12 committed units against this report's 9" in text
+    assert "the ledger holds 12" in (out / "_chute" / "report.html").read_text()
+
+    (job_dir / "models.py").write_text(MODELS + "\n# an edit\n")
+    code, text = invoke("status", str(spec))
+    assert code == 0 and "another job's results than the job file's (changed:" in text
+
+    (job_dir / "failing.py").write_text("def broken(batch):\n    raise ValueError\n")
+    failing = spec.read_text().replace("models.py:double", "failing.py:broken")
+    (job_dir / "other.yaml").write_text(failing)
+    assert invoke("run", str(job_dir / "other.yaml"), "-q", "--overwrite")[0] != 0
+    assert not (out / "_SUCCESS").exists()
+    code, text = invoke("report", str(out))
+    assert code == 0 and "the output is no longer marked finished" in text
+
+    fs, root = output_filesystem(str(out))
+    lease = Lease.acquire(fs, f"{root}/_chute", str(out))
+    try:
+        code, text = invoke("status", str(out))
+        assert code == 0 and "no — a run is writing it now" in text, text
+    finally:
+        lease.release()
+
+
 def _model_only_job(folder: Path, input_: str, fmt: str = "parquet", carry: str = "[]") -> Path:
     (folder / "models.py").write_text(MODELS)
     job = folder / "job.yaml"

@@ -235,7 +235,7 @@ def status(output: str, job: str | None) -> None:
     OUTPUT is a directory, a table's location (each of its jobs), or a job file."""
     from chute.planview import render_status
 
-    console.print(render_status(*_location(output, job)))
+    console.print(render_status(*_location(output, job), _expected(output)))
 
 
 @main.command(example="chute report out/tips/")
@@ -249,9 +249,17 @@ def report(output: str, job: str | None) -> None:
     (its storage options included)."""
     from chute.planview import rewrite_report
 
-    summary, html_path = rewrite_report(*_location(output, job))
+    summary, html_path = rewrite_report(*_location(output, job), _expected(output))
     console.print(summary)
     console.print(f"HTML report: {html_path}")
+
+
+def _expected(output: str) -> dict[str, Any] | None:
+    """A job file's description, to tell whether its output holds that job; ``None`` for
+    an output given by its location."""
+    if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
+        return _load(output).describe()
+    return None
 
 
 def _location(output: str, job: str | None = None) -> tuple[str, Any, str | None]:

@@ -14,7 +14,8 @@ import chute.engines as engines
 from chute.engines import EngineOptions
 from chute.engines.resources import StageResources
 from chute.errors import ChuteError, JobStateError
-from chute.job import JobSpec, Model, fingerprint_of
+from chute.job import JobSpec, Model, describe_changes, fingerprint_of
+from chute.lease import live_claims
 from chute.ledger import META_DIR, Ledger
 from chute.models import Adapter, AdapterSpec
 from chute.plan import Plan, StagePlan, build_plan
@@ -220,10 +221,16 @@ def output_ledgers(
 
 
 def rewrite_report(
-    output: str, storage: StorageOptions | None = None, job: str | None = None
+    output: str,
+    storage: StorageOptions | None = None,
+    job: str | None = None,
+    expected: dict[str, Any] | None = None,
 ) -> tuple[Report, str]:
     """The last report of ``output`` (complete or partial), with its HTML rewritten; of a
-    table, the report of its most recently started job (or of ``job``)."""
+    table, the report of its most recently started job (or of ``job``). Where the ledger
+    has moved on since (a run killed before its report, an ``--overwrite`` that stopped),
+    or the output holds another job than ``expected`` (a job file's description), the
+    report says so among its events, not as if it were current."""
     ledgers = output_ledgers(output, storage, job)
     data = ledgers[0].report() if ledgers else None
     if not ledgers or data is None:
@@ -232,27 +239,77 @@ def rewrite_report(
             "it was killed before it could write one. `chute status` shows what the ledger "
             "holds."
         )
+    events = [e for e in data.get("events") or [] if not str(e).startswith(LATER)]
+    notes = _later(ledgers[0], data) + _other_job(ledgers[0], expected)
+    data = {**data, "events": events + [f"{LATER}{note}" for note in notes]}
     ledgers[0].save_report(data)
     return Report.from_dict(data), f"{ledgers[0].meta}/report.html"
 
 
+LATER = "since this report: "
+"""How ``chute report`` begins what it adds to an old report's events."""
+
+
+def _later(ledger: Ledger, report: dict[str, Any]) -> list[str]:
+    """What the ledger says that the last report does not: units a later run committed
+    (it was killed before its report), or the finished mark gone (a later run, an
+    ``--overwrite`` say, began and stopped)."""
+    entries = ledger.committed()[0] if isinstance(ledger, TableLedger) else ledger.read_entries()
+    reported = (report.get("totals") or {}).get("units")
+    notes = []
+    if isinstance(reported, int) and len(entries) != reported:
+        notes.append(
+            f"the ledger holds {len(entries):,} committed units against this report's "
+            f"{reported:,}: a later run committed and stopped before it could report. "
+            "`chute status` counts from the ledger; running the job again finishes it."
+        )
+    if report.get("complete") and not ledger.finished():
+        notes.append(
+            "the output is no longer marked finished: a later run (an --overwrite, or another "
+            "run of the job) began and stopped. Run that job again to finish it."
+        )
+    return notes
+
+
+def _other_job(ledger: Ledger, expected: dict[str, Any] | None) -> list[str]:
+    """Whether the output holds another job than the job file describes (``chute run``
+    would refuse it, exit 5)."""
+    owner = ledger.read_json("job.json") or {}
+    if expected is None or owner.get("fingerprint") in (None, fingerprint_of(expected)):
+        return []
+    changes = describe_changes(owner.get("job") or {}, expected)
+    return [
+        f"this output holds another job's results than the job file's (changed: {changes}): "
+        "`chute run` refuses it; --overwrite replaces them."
+    ]
+
+
 def render_status(
-    output: str, storage: StorageOptions | None = None, job: str | None = None
+    output: str,
+    storage: StorageOptions | None = None,
+    job: str | None = None,
+    expected: dict[str, Any] | None = None,
 ) -> RenderableType:
-    """What an output location holds; for a table, each of its jobs (or ``job``)."""
+    """What an output location holds; for a table, each of its jobs (or ``job``). With
+    ``expected`` (a job file's description), whether it is that job's."""
     ledgers = output_ledgers(output, storage, job)
     if not ledgers:
         raise JobStateError(
             f"{redact(output)!r} holds no chute results (neither {META_DIR}/job.json nor a "
             f"table's {META_DIR}/{JOBS_DIR}/)."
         )
-    parts = [_job_status(output, ledger) for ledger in ledgers]
+    parts = [_job_status(output, ledger, expected) for ledger in ledgers]
     return Group(*parts)
 
 
-def _job_status(output: str, ledger: Ledger) -> RenderableType:
+def _job_status(
+    output: str, ledger: Ledger, expected: dict[str, Any] | None = None
+) -> RenderableType:
     owner = ledger.read_json("job.json") or {}
     waiting, finished = 0, "yes" if ledger.finished() else "no — run the job again to resume"
+    running = live_claims(ledger.fs, ledger.meta)
+    if running:
+        finished = f"no — a run is writing it now: {running[0].describe()}"
     title = f"chute status: {redact(output)}"
     if isinstance(ledger, TableLedger):
         entries, waiting = ledger.committed()
@@ -266,6 +323,8 @@ def _job_status(output: str, ledger: Ledger) -> RenderableType:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("job", str(owner.get("fingerprint")))
+    for note in _other_job(ledger, expected):
+        table.add_row("job file", note)
     table.add_row("units committed", f"{len(entries)}" + (f" of {total}" if total else ""))
     if total:
         table.add_row("units pending", str(total - len(entries)))
@@ -289,6 +348,7 @@ def _job_status(output: str, ledger: Ledger) -> RenderableType:
         )
         parts += [Text(f"model {name}: {note}") for name, note in model_notes(report)]
         parts += _table_lines(report.get("table"))
+        parts += [Text(f"{LATER}{note}") for note in _later(ledger, report)]
     return Group(*parts)
 
 
