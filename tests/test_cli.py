@@ -305,6 +305,38 @@ def test_status_and_report_say_what_changed_since_the_last_report(job_dir: Path)
         lease.release()
 
 
+@pytest.mark.timeout(120)
+def test_limit_says_how_many_rows_failed_and_a_newer_report_still_prints(job_dir: Path) -> None:
+    """--limit printed the rows that passed and nothing of those quarantined; a report.json
+    with a stage field this chute does not know (a newer chute's) was a traceback."""
+    import json
+
+    (job_dir / "odd.py").write_text(
+        "import numpy as np\n\ndef odd(batch):\n"
+        "    s = np.asarray(batch['tip_score'])\n"
+        "    if len(s) == 1 and int(batch['trip_id'][0]) % 2:\n        raise ValueError('odd')\n"
+        "    if len(s) > 1 and (np.asarray(batch['trip_id']) % 2).any():\n"
+        "        raise ValueError('odd')\n    return s\n"
+    )
+    text = (job_dir / "job.yaml").read_text().replace("models.py:double", "odd.py:odd")
+    text = text.replace(
+        "inputs: [tip_score]", "inputs: [tip_score, trip_id]\n    on_error: quarantine"
+    )
+    (job_dir / "odd.yaml").write_text(text + "max_failed_fraction: 1.0\n")
+    code, out = invoke("run", str(job_dir / "odd.yaml"), "--limit", "20")
+    assert code == 0, out
+    assert "first rows of 10, 10 failed" in out and "10 of the rows tried failed" in out
+
+    assert invoke("run", str(job_dir / "job.yaml"), "-q")[0] == 0
+    report = job_dir / "out" / "_chute" / "report.json"
+    data = json.loads(report.read_text())
+    for stage in data["stages"].values():
+        stage["a_newer_field"] = 1
+    report.write_text(json.dumps(data))
+    code, out = invoke("report", str(job_dir / "out"))
+    assert code == 0 and "rows in / out │ 24,000 / 24,000" in out, out
+
+
 def _model_only_job(folder: Path, input_: str, fmt: str = "parquet", carry: str = "[]") -> Path:
     (folder / "models.py").write_text(MODELS)
     job = folder / "job.yaml"

@@ -181,12 +181,20 @@ def _print_sample(report: Report, limit: int) -> None:
     if result is None:
         return
     sample = result.slice(0, 5).to_pylist()
-    table = Table(title=f"first rows of {result.num_rows:,} (--limit {limit}; nothing written)")
+    failed = f", {report.rows_failed:,} failed" if report.rows_failed else ""
+    table = Table(
+        title=f"first rows of {result.num_rows:,}{failed} (--limit {limit}; nothing written)"
+    )
     for name in result.column_names:
         table.add_column(name)
     for row in sample:
         table.add_row(*(str(v) for v in row.values()))
     console.print(table)
+    if report.rows_failed:  # quarantined, and --limit writes no errors dataset to look in
+        console.print(
+            f"{report.rows_failed:,} of the rows tried failed (on_error: quarantine): they "
+            "are not among these. A run without --limit writes them, with why, to _errors/."
+        )
     console.print("Run without --limit for the full job.")
 
 

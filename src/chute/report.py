@@ -210,7 +210,11 @@ class Report:
         """A report read back from ``report.json``."""
         known = {f.name for f in fields(cls)} - {"result", "result_rows"}
         values = {k: v for k, v in data.items() if k in known}
-        values["stages"] = {k: StageStats(**v) for k, v in data.get("stages", {}).items()}
+        stage_fields = {f.name for f in fields(StageStats)}  # a newer chute's extra keys
+        values["stages"] = {
+            k: StageStats(**{f: x for f, x in v.items() if f in stage_fields})
+            for k, v in data.get("stages", {}).items()
+        }
         return cls(**values)
 
     def render(self, width: int = 100) -> str:

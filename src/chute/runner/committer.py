@@ -330,12 +330,17 @@ class Committer:
         self._prefix = (units, rows_in, failed_in)
 
     def _fail(self, failed: int, rows_in: int, share: float) -> None:
+        then = (  # --limit and in-memory runs write no errors dataset and commit nothing
+            "See the errors dataset (_errors/) for why, fix the model and run the job again "
+            "(what was committed stays)"
+            if self.ledger is not None
+            else "Fix the model (a run with an output writes why each row failed to _errors/)"
+        )
         raise ModelError(
             f"{failed:,} of the first {rows_in:,} rows of this run failed "
             f"({failed / rows_in:.0%}; the job allows {share:.0%}, "
-            "max_failed_fraction): a model that fails most rows is broken, not its rows. See "
-            "the errors dataset (_errors/) for why, fix the model and run the job again (what "
-            "was committed stays), or raise max_failed_fraction (1.0: never stop)."
+            f"max_failed_fraction): a model that fails most rows is broken, not its rows. "
+            f"{then}, or raise max_failed_fraction (1.0: never stop)."
         )
 
     def absorb(self, entries: Iterable[dict[str, Any]]) -> None:
