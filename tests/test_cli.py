@@ -337,6 +337,41 @@ def test_limit_says_how_many_rows_failed_and_a_newer_report_still_prints(job_dir
     assert code == 0 and "rows in / out │ 24,000 / 24,000" in out, out
 
 
+@pytest.mark.timeout(60)
+def test_a_path_that_does_not_exist_is_named_so(tmp_path: Path) -> None:
+    """status and report said 'holds no chute results' / 'the run has not committed
+    anything' of a mistyped folder or job file."""
+    for command in ("status", "report"):
+        code, out = invoke(command, str(tmp_path / "nope"))
+        assert code == 5 and "does not exist: give the output location of a run" in out
+        code, out = invoke(command, str(tmp_path / "nope.yaml"))
+        assert code == 2 and "the job file" in out and "does not exist" in out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        (
+            "[{name: a, fn: 'models.py:double', inputs: [b_tip]}, "
+            "{name: b, fn: chute.demo:tip_model, inputs: [passenger_count]}]",
+            "model 'a' reads 'b_tip', which model 'b' makes, but 'b' comes after it",
+        ),
+        (
+            "[{name: t, fn: chute.demo:tip_model, inputs: [passenger_count], pool: true}]",
+            "models[0].pool: Input should be a valid dictionary",
+        ),
+    ],
+    ids=["chained-out-of-order", "pool-true"],
+)
+def test_a_job_file_mistake_is_named(job_dir: Path, models: str, message: str) -> None:
+    """A model listed before the one whose output it reads got 'not found, did you mean';
+    `pool: true` was taken as a pool of one."""
+    (job_dir / "bad.yaml").write_text(f"input: taxi\nmodels: {models}\noutput: out\n")
+    code, out = invoke("validate", str(job_dir / "bad.yaml"))
+    assert code == 2 and message in out, out
+
+
 def _model_only_job(folder: Path, input_: str, fmt: str = "parquet", carry: str = "[]") -> Path:
     (folder / "models.py").write_text(MODELS)
     job = folder / "job.yaml"

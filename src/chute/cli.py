@@ -16,7 +16,7 @@ from rich.table import Table
 
 from chute import engines
 from chute.api import Job
-from chute.errors import ChuteError
+from chute.errors import ChuteError, ConfigError, JobStateError
 from chute.job import Pool
 from chute.report import Report
 
@@ -273,6 +273,17 @@ def _expected(output: str) -> dict[str, Any] | None:
 def _location(output: str, job: str | None = None) -> tuple[str, Any, str | None]:
     """An output location, how to reach it and which job of a table: given directly, or
     as a job file's output (with the job's ``storage:`` section, say an S3 endpoint)."""
+    if output.endswith((".yaml", ".yml")) and not os.path.exists(output):
+        raise ConfigError(f"the job file {output!r} does not exist.")
+    if (
+        "://" not in output
+        and not os.path.exists(output)
+        and not output.endswith((".yaml", ".yml"))
+    ):
+        raise JobStateError(
+            f"{output!r} does not exist: give the output location of a run (the job's "
+            "output: path), or its job file."
+        )
     if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
         from chute.planview import output_of
 

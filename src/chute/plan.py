@@ -488,6 +488,16 @@ def _read_columns(job: JobSpec, schema: pa.Schema, carry: list[str]) -> list[str
             return None
         known = [c for c in model.inputs if c in schema.names]
         produced = [c for c in model.inputs if _made_by(c, earlier)]
+        later = [m.name for m in job.models[len(earlier) + 1 :]]
+        early = [c for c in model.inputs if c not in known and c not in produced]
+        for column in early if pre is None else []:  # else the step may make it
+            maker = next((name for name in later if _made_by(column, [name])), None)
+            if maker is not None:
+                raise ConfigError(
+                    f"model {model.name!r} reads {column!r}, which model {maker!r} makes, "
+                    f"but {maker!r} comes after it: models run in the order listed. List "
+                    f"{maker!r} first."
+                )
         if pre is None:
             wanted_from_source = [c for c in model.inputs if c not in produced]
             check_columns(schema, wanted_from_source, f"model {model.name!r} inputs")

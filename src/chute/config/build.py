@@ -78,7 +78,8 @@ def _sink(
 
 
 def _expand_pool(model: Any) -> Any:
-    if isinstance(model, dict) and isinstance(model.get("pool"), int):
+    pool = model.get("pool") if isinstance(model, dict) else None
+    if isinstance(pool, int) and not isinstance(pool, bool):  # `pool: true` is no size
         return {**model, "pool": {"min": model["pool"], "max": model["pool"]}}
     return model
 
