@@ -98,7 +98,7 @@ def test_chained_model_inputs_are_allowed() -> None:
 def test_model_cannot_use_a_later_models_output() -> None:
     first = Model("cls", ident, inputs=("embed_vector",))
     second = Model("embed", ident, inputs=("fare_amount",))
-    with pytest.raises(ColumnNotFoundError, match="model 'cls' inputs"):
+    with pytest.raises(ConfigError, match="which model 'embed' makes, but 'embed' comes after"):
         build_plan(_job(first, second))
 
 

@@ -94,6 +94,13 @@ CASES = [
         [f"asks for {(os.cpu_count() or 1) + 1} CPUs per replica but this machine has"],
         id="cpus-over-the-machine",
     ),
+    pytest.param(  # validate said it fit: the local engine neither checked nor used it
+        "batch_format: numpy",
+        "batch_format: numpy\n    resources: {memory: 100TiB}",
+        6,
+        ["asks for 100 TiB of memory (1 replica(s) of 100 TiB) but this machine has"],
+        id="memory-over-the-machine",
+    ),
     pytest.param(
         "data/taxi/",
         "data/taxii/",

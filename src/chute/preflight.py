@@ -27,6 +27,7 @@ from chute.engines import ENGINES, Engine, choose
 from chute.engines.resources import check_local
 from chute.errors import ConfigError, JobStateError, ResourceError
 from chute.job import JobSpec, describe_changes
+from chute.job.values import show_bytes
 from chute.lease import live_claims
 from chute.ledger import META_DIR, Ledger, foreign_error, foreign_files
 from chute.plan import Plan
@@ -100,8 +101,43 @@ def check_machine(job: JobSpec) -> str:
                 f"has {cores:,}: no replica could ever start. Set resources.cpus to {cores} "
                 "or less, or run on a cluster that has such nodes (--address)."
             )
+    _check_memory(job)
     check_local(list(job.models))
     return f"resources fit this machine ({cores:,} CPUs)"
+
+
+def _check_memory(job: JobSpec) -> None:
+    """Replicas' ``resources.memory`` within this machine's: the local engine runs them
+    all in this process, so what they ask for together must be here (``validate`` said a
+    500 GiB replica fit a 24 GiB machine)."""
+    total = _machine_memory()
+    asked = [(m, m.resources.memory * max(1, m.pool.min)) for m in job.models if m.resources.memory]
+    if total is None or not asked:
+        return
+    for model, memory in asked:
+        if memory > total:
+            each = show_bytes(model.resources.memory or 0)
+            raise ResourceError(
+                f"model {model.name!r} asks for {show_bytes(memory)} of memory "
+                f"({max(1, model.pool.min)} replica(s) of {each}) but this machine has "
+                f"{show_bytes(total)}: lower resources.memory or the pool, or run on a "
+                "cluster that has the memory (--address)."
+            )
+    together = sum(memory for _, memory in asked)
+    if together > total:
+        raise ResourceError(
+            f"the models ask for {show_bytes(together)} of memory together but this machine "
+            f"has {show_bytes(total)}: lower their resources.memory, or run on a cluster "
+            "(--address)."
+        )
+
+
+def _machine_memory() -> int | None:
+    """This machine's physical memory in bytes (``None`` where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def check_output(

@@ -416,7 +416,8 @@ def check_writable(directory: str) -> None:
             f"cannot make the output {directory!r}: {existing!r} is a file, not a folder. "
             "Choose another output location."
         )
-    if existing == directory and not os.path.isdir(existing):  # /dev/null, a socket
+    if existing == directory and not (os.path.isdir(existing) or os.path.isfile(existing)):
+        # /dev/null, a socket: a regular file is refused later, naming it so
         raise ConfigError(
             f"the output {directory!r} is not a folder: give a folder (a new or empty one, "
             "or one that holds this job's earlier results)."

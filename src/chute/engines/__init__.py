@@ -140,7 +140,8 @@ def create(name: str, options: EngineOptions | None = None) -> Engine:
 def choose(job: JobSpec) -> tuple[str, str]:
     """Which engine runs ``job``, and why (``chute plan`` and the report say it)."""
     if check_name(job.engine) != AUTO:
-        if job.address and not ENGINES[job.engine].clusters:
+        named = job.address and job.address != os.environ.get("RAY_ADDRESS")  # a node's own
+        if named and not ENGINES[job.engine].clusters:
             raise ConfigError(  # else the job ran here, not on the cluster it named
                 f"the job asks for the {job.engine} engine, which runs in this process, and "
                 f"for the cluster {job.address}: drop the address, or set engine: auto (or "

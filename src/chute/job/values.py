@@ -58,9 +58,10 @@ def show_bytes(size: float) -> str:
     >>> show_bytes(3 * 2**20)
     '3 MiB'
     """
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if size >= scale:
-            return f"{size / scale:,.3g} {unit}"
+            value = size / scale  # three digits, never as 1.02e+03
+            return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
     return f"{size:,.0f} bytes"
 
 
