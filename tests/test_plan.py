@@ -102,6 +102,14 @@ def test_model_cannot_use_a_later_models_output() -> None:
         build_plan(_job(first, second))
 
 
+def test_carrying_a_column_the_preprocess_step_adds_says_why_it_cannot() -> None:
+    """The error said 'not found, did you mean' of a column the step does add."""
+    pre = Preprocess(ident, inputs=("vendor",))
+    job = _job(Model("m", ident, inputs=("vendor_code",)), preprocess=pre)
+    with pytest.raises(ColumnNotFoundError, match="reaches the output only if a model returns"):
+        build_plan(replace(job, carryover=("vendor_code",)))
+
+
 def test_preprocess_may_produce_model_inputs() -> None:
     pre = Preprocess(ident, inputs=("vendor",))
     job = _job(Model("m", ident, inputs=("vendor_code", "fare_amount")), preprocess=pre)

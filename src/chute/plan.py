@@ -15,7 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chute.errors import INPUT_CHANGED, ConfigError, DataError, missing_columns_error
+from chute.errors import (
+    INPUT_CHANGED,
+    ColumnNotFoundError,
+    ConfigError,
+    DataError,
+    missing_columns_error,
+)
 from chute.evaluation import Evaluation
 from chute.formats import csv_error, nested
 from chute.job import BatchFormat, JobSpec, Model, Preprocess, Sink
@@ -462,7 +468,15 @@ def _carryover(job: JobSpec, schema: pa.Schema) -> list[str]:
         )
     carry = list(schema.names) if job.carryover == ("*",) else list(job.carryover)
     if job.carryover != ("*",):
-        check_columns(schema, job.carryover, "carryover")
+        try:
+            check_columns(schema, job.carryover, "carryover")
+        except ColumnNotFoundError as exc:
+            if job.preprocess is None:
+                raise
+            raise ColumnNotFoundError(  # the step's new columns are the models' inputs only
+                f"{exc} Carried columns come from the input as it is read; a column the "
+                "preprocess step adds reaches the output only if a model returns it."
+            ) from exc
     failing = job.on_bad_input == "skip" or any(m.on_error == "quarantine" for m in job.models)
     taken = [c for c in carry if c in ERROR_COLUMNS]
     if failing and taken:
