@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -277,6 +278,64 @@ def test_unprepared_rows_are_prepared_by_the_adapter(classifier: str) -> None:
     for key, values in prepared.items():
         with_ids = with_ids.append_column(f"__chute_prepared_{key}", values)
     assert model(with_ids)["label"].to_pylist() == direct["label"].to_pylist()
+
+
+def test_rows_a_failed_step_left_unprepared_are_prepared_not_taken_as_empty(
+    classifier: str,
+) -> None:
+    """A batch whose CPU step raised goes on without the prepared columns; joined with a
+    prepared batch, its rows had them null, and the model read nulls as zero tokens:
+    another prediction for good rows, or an error that quarantined them."""
+    from chute.models import ReplicaContext
+    from chute.models.hf import TransformersAdapter
+
+    table = texts_table().select(["text"])
+    model = TransformersAdapter(ReplicaContext("m"), path=classifier, task="text-classification")
+    direct = model(table)
+    prepared = table.slice(0, 3)
+    for key, values in model.prepare(prepared).items():
+        prepared = prepared.append_column(f"__chute_prepared_{key}", values)
+    joined = pa.concat_tables([prepared, table.slice(3)], promote_options="permissive")
+    assert model(joined)["label"].to_pylist() == direct["label"].to_pylist()
+    np.testing.assert_allclose(model(joined)["score"], direct["score"], atol=1e-6)
+
+
+@pytest.mark.timeout(180)
+def test_a_classifier_after_a_model_that_fails_some_rows_predicts_the_rest_as_alone(
+    classifier: str,
+) -> None:
+    """Found by a review: the first model's failed rows reach the classifier as nulls, its
+    CPU step raises on that batch, and the batch joined with prepared ones was read as
+    empty inputs: 62 good rows of 1,000 got another prediction and 190 were quarantined."""
+    table = texts_table(60)
+
+    def gen(batch: pa.Table) -> dict[str, Any]:
+        if bad and (np.asarray(batch.column("id")) % 20 == 7).any():
+            raise ValueError("gen failed")
+        return {"text": batch.column("text")}
+
+    def run() -> pd.DataFrame:
+        models = (
+            chute.Model("gen", gen, inputs=["id", "text"], on_error="quarantine", batch_size=4),
+            chute.Model("clf", adapter("transformers", path=classifier,
+                        task="text-classification"), inputs=["gen_text"],
+                        on_error="quarantine", batch_size=16),
+        )  # fmt: skip
+        job = chute.Job(
+            source=chute.TableSource(table, unit_rows=8), models=models, carryover=("id",),
+            engine="local", max_failed_fraction=1.0,
+        )  # fmt: skip
+        report = job.run()
+        assert report.result is not None
+        return report.result.to_pandas()
+
+    bad = False
+    alone = run().set_index("id")
+    bad = True
+    got = run().set_index("id")
+    assert sorted(set(alone.index) - set(got.index)) == [7, 27, 47]  # gen's rows only
+    assert (got["clf_label"] == alone.loc[got.index, "clf_label"]).all()
+    np.testing.assert_allclose(got["clf_score"], alone.loc[got.index, "clf_score"], atol=1e-5)
 
 
 def test_unknown_task_fails_before_loading(classifier: str) -> None:

@@ -126,13 +126,24 @@ PREPARED = "__chute_prepared_"
 
 
 def prepared_columns(batch: pa.Table) -> dict[str, pa.Array] | None:
-    """The columns a preparer made for this batch (without the prefix), or ``None``."""
+    """The columns a preparer made for this batch (without the prefix), or ``None`` where
+    any row is not prepared: the model stage joins batches whose step failed (passed on
+    without these columns) with prepared ones, and the join fills their columns with nulls,
+    which a model took for empty inputs (zero tokens: another row's prediction). A preparer
+    never makes a null (it raises instead), so the adapter prepares such a batch itself."""
     found = {
         name[len(PREPARED) :]: batch.column(name).combine_chunks()
         for name in batch.column_names
         if name.startswith(PREPARED)
     }
+    if any(column.null_count for column in found.values()):
+        return None
     return found or None
+
+
+def unprepared(batch: pa.Table) -> pa.Table:
+    """``batch`` without the columns a preparer made: what the adapter prepares itself."""
+    return batch.drop_columns([n for n in batch.column_names if n.startswith(PREPARED)])
 
 
 class Adapter:

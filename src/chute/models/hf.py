@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError, did_you_mean
-from chute.models.base import Adapter, ReplicaContext, prepared_columns
+from chute.models.base import Adapter, ReplicaContext, prepared_columns, unprepared
 from chute.models.common import rename, text_column
 from chute.models.sbert import LOADING, offline_hub
 from chute.models.torchmodel import DTYPES, check_options, fixed_size_list, pad_lists
@@ -240,7 +240,7 @@ class TransformersAdapter(Adapter):
 
         columns = prepared_columns(batch)
         if columns is None:  # not prepared on a CPU worker (a direct call, a failed step)
-            columns = self.prepare(batch)
+            columns = self.prepare(unprepared(batch))
         with torch.inference_mode():
             out = self._run(columns, batch.num_rows)
         return rename(out, self.options.get("outputs") or {})
