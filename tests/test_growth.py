@@ -89,7 +89,7 @@ def test_a_dear_load_ends_the_growth_at_once() -> None:
 
 
 def test_only_a_pool_left_as_it_is_grows_and_only_on_cpus() -> None:
-    assert growth_for(chute.Model("m", len), 1, 2).grows
+    assert growth_for(chute.Model("m", Busy), 1, 2).grows
     fixed = growth_for(chute.Model("m", len, pool=chute.Pool.fixed(1)), 1, 2)
     assert not fixed.grows and fixed.most == 1 and fixed.threads_each() == 2
     ranged = growth_for(chute.Model("m", len, pool=chute.Pool(min=1, max=3)), 3, 1)

@@ -25,8 +25,9 @@ that fixes its threads when it loads keeps those it was built with, the whole sh
 the first replica); a newest
 replica whose first call was short, or that waited for its input, settles the pool, and
 the replicas then split the model's share of the threads. A pool or resources the user
-set keep the size asked for. An object the job holds (not a class or a function) keeps
-one replica: every local replica would call that one object (:func:`shared_object`).
+set keep the size asked for. A function, or an object the job holds, keeps one replica:
+every local replica would call that one thing (:func:`shared_object`); a class is built
+once per replica.
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ def growth_for(model: Model, replicas: int, threads: int) -> Growth:
 
 
 def shared_object(model: Model) -> bool:
-    """Whether ``model`` is an object the job holds (an instance with ``__call__``), not a
-    class or adapter each replica builds, nor a function: local replicas would all call
-    that one object, from several threads at once, and an object that keeps state between
-    calls (a staging buffer, an ONNX I/O binding) would mix their inputs. It keeps one
-    replica unless its pool asks for more. (On Ray each worker unpickles a copy of its own.)"""
+    """Whether ``model`` is one thing every local replica would call, from several threads
+    at once: an object the job holds (an instance with ``__call__``, a bound method), or a
+    function, which calls whatever its module holds (``MODEL.predict(...)``), not a class
+    or adapter each replica builds. An object that keeps state between calls (a staging
+    buffer, an ONNX I/O binding, a fast tokenizer) would mix their inputs or fail: a
+    function around one gave 13,800 rows of 16,000 another row's prediction once its pool
+    grew. It keeps one replica unless its pool asks for more (then the user says it is
+    safe). A builtin (``len``) holds nothing. (On Ray each worker process has its own.)"""
     fn = model.fn
     if isinstance(fn, AdapterSpec | type):
         return False
@@ -97,8 +101,7 @@ def shared_object(model: Model) -> bool:
             return False
     if isinstance(fn, functools.partial):
         fn = fn.func
-    # a function; a bound method (``clf.predict``) is its object's, shared like it
-    return not isinstance(fn, types.FunctionType | types.BuiltinFunctionType)
+    return not isinstance(fn, types.BuiltinFunctionType)
 
 
 def resident_bytes() -> int | None:
