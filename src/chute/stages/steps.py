@@ -39,16 +39,27 @@ class PreprocessStage:
             ) from exc
         for name, array in to_columns(out, None, table.num_rows, "preprocess", given).items():
             if name in self.protected or name == KEY:
+                if name in table.column_names and _unchanged(array, table.column(name)):
+                    continue  # a pandas frame returned whole: its carried columns as read
                 raise ConfigError(
-                    f"preprocess returned column {name!r}, which is a carryover column: "
-                    "carryover columns pass through untouched. Return it under another name."
+                    f"preprocess returned column {name!r}, which is a carryover column, with "
+                    "other values: carryover columns pass through untouched. Return it under "
+                    "another name."
                 )
+            # a copy: NumPy's values become Arrow's without one, and a step that fills one
+            # buffer every call (np.add(x, 1, out=BUF)) rewrote the batches still waiting
+            array = pa.concat_arrays([array]) if len(array) else array
             if name in table.column_names:
                 table = table.set_column(table.column_names.index(name), name, array)
             else:
                 table = table.append_column(name, array)
         self.clock.record(time.perf_counter() - started, table.num_rows)
         return table
+
+
+def _unchanged(array: pa.Array, column: pa.ChunkedArray) -> bool:
+    """Whether a returned column holds the values read (the same type, nulls included)."""
+    return bool(array.type == column.type and column.combine_chunks().equals(array))
 
 
 def preparer(model: Model) -> Callable[[pa.Table], Any] | None:
