@@ -15,7 +15,7 @@ import pytest
 
 import chute
 import chute.sources.files
-from chute import DataError, FileSource, TableSource
+from chute import ConfigError, DataError, FileSource, TableSource
 from chute.sources import as_source, check_columns, iter_slices
 
 
@@ -463,3 +463,13 @@ def test_a_file_that_shrinks_during_the_run_is_a_data_error_naming_it(tmp_path: 
     _parquet(path, 60)  # rewritten between planning and reading
     with pytest.raises(DataError, match=r"a\.parquet.* bytes where it was .* when the job was"):
         list(reader(units[0]))
+
+
+@pytest.mark.parametrize(("given", "hint"), [("text", ""), ("Parquet", " Did you mean 'parquet'?")])
+def test_an_unknown_input_format_is_named(given: str, hint: str) -> None:
+    """Anything but csv was parsed as JSON: 'JSON parse error' of a Parquet file."""
+    with pytest.raises(ConfigError, match=f"input format '{given}' is not one chute reads"):
+        FileSource("data/", format=given)
+    with pytest.raises(ConfigError) as info:
+        FileSource("data/", format=given)
+    assert str(info.value).endswith(f"in a job file).{hint}")

@@ -137,7 +137,8 @@ class Model:
     name: str
     fn: UserFn
     inputs: tuple[str, ...] | None = None
-    """Columns the model sees; ``None`` means every input column (after preprocess)."""
+    """Columns the model sees; ``None`` means every column of the input as read (a column
+    a preprocess step or an earlier model adds reaches a model only by name)."""
     batch_format: BatchFormat = "pyarrow"
     batch_size: BatchSize = field(default_factory=BatchSize.adaptive)
     """Rows per model call: ``auto`` (the default) measures each call and moves toward

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import INPUT_CHANGED, ChuteError, ConfigError, DataError
+from chute.errors import INPUT_CHANGED, ChuteError, ConfigError, DataError, did_you_mean
 from chute.retry import retrying
 from chute.sources.base import (
     FORMATS,
@@ -438,6 +438,13 @@ class FileSource:
         self.paths = [path] if isinstance(path, str) else list(path)
         if not self.paths:
             raise DataError("no input path given: name a file, a directory or a glob.")
+        known = sorted(set(FORMATS.values()))
+        if format not in (None, "images", *known):  # else read as JSON: a parse error
+            raise ConfigError(
+                f"input format {format!r} is not one chute reads as files: {', '.join(known)} "
+                "(images: chute.ImageSource; OpenAI Batch requests: format openai-batch in a "
+                f"job file).{did_you_mean(str(format).lower(), known)}"
+            )
         self.format = format
         self.storage = (storage or StorageOptions()).with_env()
         """How to reach remote storage; carried to workers, which rebuild the filesystem."""
