@@ -110,12 +110,13 @@ class StageStats:
     @property
     def batch_note(self) -> str | None:
         """What a model's batch size settled on: ``"batch settled at 2,048 rows (auto,
-        from 1,024: 3 resizes, no out-of-memory split; 1,843 rows a call on average)"``;
+        from 1,024: 3 resizes, no out-of-memory split; 1,843 rows a batch on average)"``;
         ``None`` for a fixed size that never changed."""
         if not (self.batch_auto or self.oom_splits or self.resizes) or self.batch_rows is None:
             return None
         splits = _count(self.oom_splits, "out-of-memory split")
-        mean = f"{self.rows / self.calls:,.0f} rows a call on average" if self.calls else ""
+        # by batch: the calls counted are whole ones, without quarantine's bisection halves
+        mean = f"{self.rows / self.batches:,.0f} rows a batch on average" if self.batches else ""
         if self.batch_auto:
             start = f", from {self.batch_start:,}" if self.batch_start else ""
             return (

@@ -64,7 +64,7 @@ def test_auto_grows_from_a_small_start_and_predicts_as_a_fixed_size(
     assert stats.oom_splits == 0 and stats.calls > 1
     text = " ".join(report.render(width=240).split())
     assert f"batch settled at {stats.batch_rows:,} rows (auto, from 16: " in text
-    assert "no out-of-memory split" in text and "rows a call on average" in text
+    assert "no out-of-memory split" in text and "rows a batch on average" in text
 
 
 @pytest.mark.timeout(240)
