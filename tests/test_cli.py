@@ -301,6 +301,11 @@ def test_status_and_report_say_what_changed_since_the_last_report(job_dir: Path)
     try:
         code, text = invoke("status", str(out))
         assert code == 0 and "no — a run is writing it now" in text, text
+        assert "began and stopped" not in text
+        before = report.read_bytes()
+        code, text = invoke("report", str(out))
+        assert code == 0 and "a run is writing this output now" in text, text
+        assert report.read_bytes() == before  # that run's report is its own to write
     finally:
         lease.release()
 

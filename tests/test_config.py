@@ -225,3 +225,9 @@ def test_file_size_reaches_a_table_output() -> None:
     job = job_from_dict({**BASE, "output": output})
     assert job.output is not None
     assert (job.output.target.bytes, job.output.target.rows) == (64 * 2**20, 1000)
+
+
+def test_a_table_option_at_its_default_on_a_file_output_is_taken() -> None:
+    """A template's `partition_by: []` or `index: null` says nothing a file output lacks."""
+    output = {"path": "out/", "partition_by": [], "index": None, "commit_seconds": 5.0}
+    assert job_from_dict({**BASE, "output": output}).output is not None

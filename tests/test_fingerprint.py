@@ -5,6 +5,9 @@ custom metrics), so a resume with edited code is refused, naming the part and th
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -345,3 +348,35 @@ def test_a_format_change_is_not_explained_as_chute_s_text_encoding() -> None:
         return JobSpec(TableSource(pa.table({"x": [1]})), (model,), Sink("out", fmt))  # type: ignore[arg-type]
 
     assert describe_changes(job("parquet").describe(), job("jsonl").describe()) == "format"
+
+
+def test_a_set_argument_is_described_the_same_in_every_process() -> None:
+    """A set's order is the process's hash seed: hashed as it printed, a long one made
+    every resume a changed job."""
+    script = (
+        "from chute.job.fingerprint import _short_repr; "
+        "print(_short_repr({'label_%d' % i for i in range(30)}), _short_repr({'b', 'a'}))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(seen) == 1 and "{'a', 'b'}" in seen.pop()
+
+
+def test_an_output_an_earlier_chute_began_with_a_long_argument_says_why_it_is_refused() -> None:
+    """An earlier chute kept such arguments by their length: the same job looked changed
+    ('models[0].kwargs') with nothing changed."""
+    import re
+
+    model = Model("m", Prompted, kwargs={"prompt": "a long prompt. " * 20})
+    new = JobSpec(TableSource(pa.table({"x": [1]})), (model,)).describe()
+    old = json.loads(re.sub(r"(@\d+)#[0-9a-f]{16}", r"\1", json.dumps(new)))
+    assert old != new
+    assert describe_changes(old, new).startswith("none that can be told: an earlier chute")

@@ -259,8 +259,14 @@ def test_an_openai_batch_output_refuses_quarantine(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "answer",
-    [None, "answered", '{"id": "x"}', '{"custom_id": "a",\n"response": null}'],
-    ids=["null", "not-json", "no-custom-id", "two-lines"],
+    [
+        None,
+        "answered",
+        '{"id": "x"}',
+        '{"custom_id": "a",\n"response": null}',
+        '{"custom_id": "a",\r"response": null}',
+    ],
+    ids=["null", "not-json", "no-custom-id", "two-lines", "a-carriage-return"],
 )
 def test_an_openai_batch_output_takes_only_batch_lines(tmp_path: Path, answer: Any) -> None:
     """A model of the user's own gave the line column: None was written as 'None', text

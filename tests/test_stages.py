@@ -443,11 +443,15 @@ def test_masked_values_are_nulls_not_their_fill_data() -> None:
             id="arrays",
         ),
         pytest.param([["a"], ["b", "c"], [], None], [["a"], ["b", "c"], [], None], id="text"),
+        pytest.param("torch", [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]], id="torch-tensors"),
     ],
 )
 def test_rows_of_several_lengths_are_a_list_column(out: Any, expected: Any) -> None:
     """NumPy refuses ragged rows (``inhomogeneous shape``): a model that returns a
     varying number of values a row (entities, top-k labels, token ids) failed."""
+    if out == "torch":
+        torch = pytest.importorskip("torch")
+        out = [torch.arange(i + 1) for i in range(4)]
     assert _run(out).column("m").to_pylist() == expected
 
 
@@ -578,10 +582,12 @@ def test_a_frame_returned_whole_keeps_its_carried_columns_as_read() -> None:
         frame["x_sq"] = frame["x"] ** 2
         return frame
 
-    stage = PreprocessStage(Preprocess(whole, batch_format="pandas"), ["x", "y"], ["x"])
-    out = stage(_batch())
+    stage = PreprocessStage(Preprocess(whole, batch_format="pandas"), ["x", "y"], ["x", "y"])
+    batch = _batch().set_column(1, "y", pa.array([0.5, float("nan"), None, 1.5]))
+    out = stage(batch)
     assert out.column("x").to_pylist() == [0, 1, 2, 3]
     assert out.column("x_sq").to_pylist() == [0, 1, 4, 9]
+    assert str(out.column("y").to_pylist()) == "[0.5, nan, None, 1.5]"  # as read
 
 
 def test_a_step_that_fills_one_buffer_every_call_does_not_rewrite_earlier_batches() -> None:

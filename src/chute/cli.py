@@ -266,7 +266,10 @@ def _expected(output: str) -> dict[str, Any] | None:
     """A job file's description, to tell whether its output holds that job; ``None`` for
     an output given by its location."""
     if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
-        return _load(output).describe()
+        try:  # the input lists its files: gone, or out of reach, there is nothing to compare
+            return _load(output).describe()
+        except ChuteError:
+            return None
     return None
 
 

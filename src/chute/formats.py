@@ -109,7 +109,8 @@ def _check_batch_line(text: Any, column: str, row: int) -> None:
     A model of the user's own that returns a ``line`` column could give ``None`` (written
     as ``None``), text with a newline (two lines, neither an answer) or any other text."""
     try:
-        line = json.loads(text) if isinstance(text, str) and "\n" not in text else None
+        one_line = isinstance(text, str) and not any(c in text for c in "\n\r\u2028\u2029")
+        line = json.loads(text) if one_line else None
     except ValueError:
         line = None
     if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):

@@ -48,7 +48,9 @@ def _sink(
     if output.format in ("parquet", "csv", "jsonl", "openai-batch"):
         if not path:
             raise ConfigError("output: needs a `path` (the directory results go to).")
-        tables_only = sorted(output.model_fields_set & set(TABLE_KEYS))
+        given = output.model_fields_set & set(TABLE_KEYS)  # a template's `partition_by: []`
+        defaults = {k: type(output).model_fields[k].default for k in given}
+        tables_only = sorted(k for k in given if getattr(output, k) != defaults[k])
         if tables_only:  # else taken in silence: files neither partitioned nor sorted
             what = "is an option" if len(tables_only) == 1 else "are options"
             raise ConfigError(

@@ -339,6 +339,30 @@ def _csv_header(first: bytes) -> pa.Schema:
         return header(len(text) + 1)
 
 
+def _swallowed(table: pa.Table, last: str, opened: Callable[[], Any]) -> bool:
+    """Whether an open quote may have taken the rest of the file (its quote count is odd).
+    Arrow takes it silently only in the last column: a field so opened anywhere else runs
+    to the end of the file and leaves its row short of columns, which Arrow refuses. So the
+    rest of the file is in the last row's last value, holding a line break where any line
+    followed. An odd count alone is common (``5'11"``): this look costs nothing where the
+    last column was read, and a parse of that one column where it was not."""
+    if table.num_rows == 0:
+        return False
+    if last in table.column_names:
+        value = table.column(last)[-1].as_py()
+    else:
+        with opened() as stream:
+            only = pacsv.read_csv(
+                stream,
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=[last], column_types={last: pa.string()}
+                ),
+            )
+        value = only.column(0)[-1].as_py() if only.num_rows else None
+    return isinstance(value, str) and ("\n" in value or "\r" in value)
+
+
 def _open_quote(data: bytes) -> int | None:
     """Where a quoted field that is never closed starts (``None``: every one is closed), as
     Arrow parses CSV: a quote opens a field only at the field's start (``5'11"`` is text),
@@ -924,13 +948,14 @@ class FileSource:
                     parse_options=pacsv.ParseOptions(newlines_in_values=True),
                     convert_options=convert,
                 )
-            if counted.quotes % 2:  # a quote may be open: Arrow read the rest as one value
-                with opened() as stream:
+            header = _csv_header(counted.first) if include is not None else table.schema
+            if include is not None:  # a name twice among the columns left out
+                _check_names(header, path)
+            if counted.quotes % 2 and _swallowed(table, header.names[-1], opened):
+                with opened() as stream:  # rare: found, the line it opens on is named
                     data = stream.read()
                 if (at := _open_quote(data)) is not None:
                     raise _open_quote_error(path, data, at)
-            if include is not None:  # a name twice among the columns left out
-                _check_names(_csv_header(counted.first), path)
             return table
 
         try:

@@ -135,7 +135,8 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
         except ValueError:  # rows of several lengths: NumPy refuses them, Arrow has lists
             if not isinstance(values, (list, tuple)):
                 raise
-            return pa.array(list(values))
+            return pa.array([v.detach().cpu().numpy() if hasattr(v, "detach") else v
+                             for v in values])  # fmt: skip
         if arr.ndim == 2:
             flat = pa.array(np.ascontiguousarray(arr).ravel())
             return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
@@ -166,9 +167,7 @@ def _masked(values: np.ma.MaskedArray, name: str, who: str) -> pa.Array:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
 
 
-def cast_exactly(
-    column: pa.ChunkedArray, want: pa.DataType, fewer_fields: bool = False
-) -> pa.ChunkedArray:
+def cast_exactly(column: pa.ChunkedArray, want: pa.DataType) -> pa.ChunkedArray:
     """``column`` as ``want``, where that changes no value: all-null values take any type;
     otherwise both types must hold the same kind of value (numbers, text, instants...) at
     every depth (:func:`_same_kind`), Arrow's safe cast must accept it (no overflow, no
@@ -177,33 +176,32 @@ def cast_exactly(
     their time of day and a time without a zone never gains one (nor loses its own);
     bytes become text where they are UTF-8 (Arrow's cast checks), and text bytes.
 
-    ``fewer_fields``: a struct may lack fields ``want`` has (they are null), as a model's
-    batch of dicts that never has an optional key; never one ``want`` lacks (it would be
-    dropped). An input file's struct must have ``want``'s fields, as a file its columns."""
+    A struct may lack fields ``want`` has (they are null: a model's batch of dicts, or a
+    JSON Lines file, that never has an optional key, as a row without it in one batch or
+    file); never one ``want`` lacks (Arrow would drop it)."""
     got = column.type
     if pa.types.is_null(got):
         return pa.chunked_array([pa.nulls(len(column), want)], want)
     if pa.types.is_dictionary(got):
         column, got = column.cast(got.value_type), got.value_type
     plain = want.value_type if pa.types.is_dictionary(want) else want
-    if not _same_kind(got, plain, fewer_fields):
+    if not _same_kind(got, plain):
         raise pa.ArrowInvalid(f"{got} values are not {plain} values")
     typed = _nulls_typed(got, plain)  # nulls inside: no cast back to the null type
     if typed != got:
         column, got = column.cast(typed), typed
     cast = column.cast(want)
-    if got != plain and not _same_values(cast.cast(plain).cast(got), column):
+    if got != plain and not same_values(cast.cast(plain).cast(got), column):
         raise pa.ArrowInvalid(f"the cast to {plain} would change values")
     return cast
 
 
-def _same_kind(got: pa.DataType, want: pa.DataType, fewer_fields: bool = False) -> bool:
+def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
     """Whether ``got``'s values are ``want``'s kind of value at every depth: a list's
-    values, a map's keys and items, a struct's fields (the same names, in any order: Arrow
-    casts a struct's fields by name, and fills a field it lacks with nulls and drops one
-    it has over, so a field a file lacks or adds is drift, as a column is). Nulls are of
-    any kind (a JSON ``[]`` is a list of nulls); bytes are text's kind, where they are
-    UTF-8 (Arrow's cast checks). ``fewer_fields``: see :func:`cast_exactly`."""
+    values, a map's keys and items, a struct's fields by name, in any order (Arrow casts a
+    struct's fields by name, fills a field it lacks with nulls and drops one it has over:
+    so ``got`` may lack fields, never add one). Nulls are of any kind (a JSON ``[]`` is a
+    list of nulls); bytes are text's kind, where they are UTF-8 (Arrow's cast checks)."""
     if pa.types.is_null(got):
         return True
     if pa.types.is_dictionary(got):
@@ -214,11 +212,9 @@ def _same_kind(got: pa.DataType, want: pa.DataType, fewer_fields: bool = False) 
         return False
     have, wanted = _children(got), dict(_children(want))
     names, wanted_names = {name for name, _ in have}, set(wanted)
-    if not (
-        names <= wanted_names if fewer_fields and _kind(got) == "struct" else names == wanted_names
-    ):
+    if not (names <= wanted_names if _kind(got) == "struct" else names == wanted_names):
         return False
-    return all(_same_kind(child, wanted[name], fewer_fields) for name, child in have)
+    return all(_same_kind(child, wanted[name]) for name, child in have)
 
 
 def _kind(t: pa.DataType) -> str:
@@ -299,7 +295,7 @@ def _is_list(t: pa.DataType) -> bool:
     )
 
 
-def _same_values(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+def same_values(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
     """Equal values at every row, a null against a null and NaN against NaN included."""
     import pyarrow.compute as pc
 

@@ -261,7 +261,7 @@ class ModelStage:
             if array.type == want:
                 continue
             try:
-                columns[name] = cast_exactly(pa.chunked_array([array]), want, True).combine_chunks()
+                columns[name] = cast_exactly(pa.chunked_array([array]), want).combine_chunks()
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 fix = (
                     "Return one type in every batch (such as .astype('float64')), or give "

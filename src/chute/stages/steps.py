@@ -7,13 +7,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chute.errors import ConfigError, ModelError
 from chute.job import BatchFormat, Model, Preprocess
 from chute.models import AdapterSpec
 from chute.models.base import PREPARED
 from chute.stages.clock import StageClock
-from chute.stages.convert import to_columns, to_format
+from chute.stages.convert import same_values, to_columns, to_format
 from chute.stages.rows import KEY
 from chute.usercode import resolve, user_frame
 
@@ -58,8 +59,15 @@ class PreprocessStage:
 
 
 def _unchanged(array: pa.Array, column: pa.ChunkedArray) -> bool:
-    """Whether a returned column holds the values read (the same type, nulls included)."""
-    return bool(array.type == column.type and column.combine_chunks().equals(array))
+    """Whether a returned column holds the values read (the same type; NaN for a null, as
+    pandas gives a float column back, is the same: the column read is what is kept)."""
+    returned = pa.chunked_array([array])
+    if array.type != column.type:
+        return False
+    if pa.types.is_floating(column.type):
+        nan = pa.scalar(float("nan"), column.type)
+        returned, column = pc.fill_null(returned, nan), pc.fill_null(column, nan)
+    return same_values(returned, column)
 
 
 def preparer(model: Model) -> Callable[[pa.Table], Any] | None:
