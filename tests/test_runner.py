@@ -125,6 +125,30 @@ def test_the_failed_share_is_of_the_units_in_input_order_not_as_they_commit(
     assert (committer.rows_in, committer.rows_failed) == (20, 5)
 
 
+def test_a_late_first_unit_does_not_let_a_broken_model_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The share is over the units from the first on; while the first is late (on Ray
+    units finish out of order), units whose rows all failed stop the run once even a good
+    first unit could not bring the share under the limit."""
+    from dataclasses import replace
+
+    table = pa.table({"x": np.arange(20, dtype=np.int64)})
+    job = Job(TableSource(table, unit_rows=5), (Model("m", double),), max_failed_fraction=0.4)
+    monkeypatch.setattr(committer_module, "FAILURE_SAMPLE", 5)
+    committer = Committer(build_plan(job), Ledger.open(str(tmp_path), "fp", {}, False), None)
+
+    def failing(unit: int) -> PartRecord:
+        return replace(_rec(unit, 0, 5, 5), error_rows=5, errors_path=f"_errors/part-{unit}")
+
+    # unit 0 not in: 5 failed of 10 rows even if its 5 are good, 50% > 40%
+    with pytest.raises(chute.ModelError, match=r"5 of the first 10 rows .* allows 40%"):
+        committer.add([failing(1)])
+    assert committer.done == set() and (committer.rows_in, committer.rows_failed) == (0, 0)
+    committer.add([_rec(0, 0, 5, 5)])  # the state as it was: the first unit still commits
+    assert committer.done == {0}
+
+
 def test_unit_total_comes_from_the_last_part() -> None:
     committer = Committer(_plan(), None, None)
     committer.add([_rec(0, 0, 5)])  # all rows, but no part says it holds the last one

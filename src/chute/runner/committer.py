@@ -327,6 +327,24 @@ class Committer:
             counts.update(passed)  # as it was: this unit is neither counted nor committed
             del counts[index]
             self._fail(failed_in, rows_in, share)
+        failed_all, rows_all = self.rows_failed + failed, self.rows_in + rows
+        if failed_all > share * rows_all:  # rare: only then is the bound below worth a look
+            # a late first unit (Ray finishes units out of order) must not let a broken
+            # model go on: stop where the share passes even if every row of the units not
+            # yet in, before the last one committed, turns out good
+            top, waiting = max(counts, default=index), 0
+            for position in range(units, len(self._order)):
+                unit = self._order[position]
+                if unit > top or waiting < 0:
+                    break
+                if unit not in counts:  # rows not known before the read (CSV): no bound
+                    known = self.units[unit].rows
+                    waiting = waiting + known if known is not None else -1
+            bound = rows_all + waiting
+            if waiting >= 0 and bound >= seen and failed_all > share * bound:
+                counts.update(passed)
+                del counts[index]
+                self._fail(failed_all, bound, share)
         self._prefix = (units, rows_in, failed_in)
 
     def _fail(self, failed: int, rows_in: int, share: float) -> None:
