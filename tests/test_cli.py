@@ -134,6 +134,7 @@ def test_validate_and_plan_run_nothing(job_dir: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_status_shows_progress_of_a_location(job_dir: Path) -> None:
+    (job_dir / "out").mkdir()
     code, out = invoke("status", str(job_dir / "out"))
     assert code == 5 and "holds no chute results" in out
     invoke("run", str(job_dir / "job.yaml"), "-q")
@@ -248,6 +249,7 @@ def test_demo_scores_every_trip_once(
 
 @pytest.mark.timeout(60)
 def test_report_prints_a_run_again_and_writes_its_html(job_dir: Path) -> None:
+    (job_dir / "out").mkdir()
     code, out = invoke("report", str(job_dir / "out"))
     assert code == 5 and "holds no report yet" in out
     assert invoke("run", str(job_dir / "job.yaml"), "-q")[0] == 0

@@ -188,9 +188,7 @@ def test_validate_says_what_it_checked(job_dir: Path) -> None:
         "12 unit(s), 1,200 rows, 1 model(s)",
         "code imports: chute.demo:tip_model",
         f"resources fit this machine ({os.cpu_count():,} CPUs)",
-        "pools: tip 1"
-        + (f"–{os.cpu_count()}" if (os.cpu_count() or 1) > 1 else "")
-        + " replica(s)",
+        "pools: tip 1 replica(s)",  # a function: every replica would call what it calls
         "out/tips is new",
         "is valid.",
     ):
