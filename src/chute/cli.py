@@ -243,7 +243,7 @@ def status(output: str, job: str | None) -> None:
     OUTPUT is a directory, a table's location (each of its jobs), or a job file."""
     from chute.planview import render_status
 
-    console.print(render_status(*_location(output, job), _expected(output)))
+    console.print(render_status(*_location(output, job)))
 
 
 @main.command(example="chute report out/tips/")
@@ -257,42 +257,36 @@ def report(output: str, job: str | None) -> None:
     (its storage options included)."""
     from chute.planview import rewrite_report
 
-    summary, html_path = rewrite_report(*_location(output, job), _expected(output))
+    summary, html_path = rewrite_report(*_location(output, job))
     console.print(summary)
     console.print(f"HTML report: {html_path}")
 
 
-def _expected(output: str) -> dict[str, Any] | None:
-    """A job file's description, to tell whether its output holds that job; ``None`` for
-    an output given by its location."""
-    if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
-        try:  # the input lists its files: gone, or out of reach, there is nothing to compare
-            return _load(output).describe()
-        except ChuteError:
-            return None
-    return None
-
-
-def _location(output: str, job: str | None = None) -> tuple[str, Any, str | None]:
-    """An output location, how to reach it and which job of a table: given directly, or
-    as a job file's output (with the job's ``storage:`` section, say an S3 endpoint)."""
-    if output.endswith((".yaml", ".yml")) and not os.path.exists(output):
+def _location(
+    output: str, job: str | None = None
+) -> tuple[str, Any, str | None, dict[str, Any] | None]:
+    """An output location, how to reach it, which job of a table, and the job file's
+    description (to tell whether the output holds that job): given directly, or as a job
+    file's output (with the job's ``storage:`` section, say an S3 endpoint)."""
+    is_job_file = output.endswith((".yaml", ".yml"))
+    if is_job_file and not os.path.exists(output):
         raise ConfigError(f"the job file {output!r} does not exist.")
-    if (
-        "://" not in output
-        and not os.path.exists(output)
-        and not output.endswith((".yaml", ".yml"))
-    ):
+    if "://" not in output and not os.path.exists(output) and not is_job_file:
         raise JobStateError(
             f"{output!r} does not exist: give the output location of a run (the job's "
             "output: path), or its job file."
         )
-    if output.endswith((".yaml", ".yml")) and os.path.isfile(output):
-        from chute.planview import output_of
+    if not (is_job_file and os.path.isfile(output)):
+        return output, None, job, None
+    from chute.planview import output_of
 
-        path, storage, own = output_of(_load(output))
-        return path, storage, job or own
-    return output, None, job
+    loaded = _load(output)
+    path, storage, own = output_of(loaded)
+    try:  # the input lists its files: gone, or out of reach, there is nothing to compare
+        description: dict[str, Any] | None = loaded.describe()
+    except ChuteError:
+        description = None
+    return path, storage, job or own, description
 
 
 @main.command(example="chute demo --rows 100000")

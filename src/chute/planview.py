@@ -245,7 +245,8 @@ def rewrite_report(
         notes = [f"a run is writing this output now ({running[0].describe()}): this is the "
                  "report of the run before it"]  # fmt: skip
     else:
-        notes = _later(ledgers[0], data) + _other_job(ledgers[0], expected)
+        owner = ledgers[0].read_json("job.json") or {}
+        notes = _later(ledgers[0], data, _entries(ledgers[0])) + _other_job(owner, expected)
     data = {**data, "events": events + [f"{LATER}{note}" for note in notes]}
     if not running:
         ledgers[0].save_report(data)
@@ -256,11 +257,15 @@ LATER = "since this report: "
 """How ``chute report`` begins what it adds to an old report's events."""
 
 
-def _later(ledger: Ledger, report: dict[str, Any]) -> list[str]:
+def _entries(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """The units committed to ``ledger`` (a table's: those its table confirms)."""
+    return ledger.committed()[0] if isinstance(ledger, TableLedger) else ledger.read_entries()
+
+
+def _later(ledger: Ledger, report: dict[str, Any], entries: dict[str, dict[str, Any]]) -> list[str]:
     """What the ledger says that the last report does not: units a later run committed
     (it was killed before its report), or the finished mark gone (a later run, an
     ``--overwrite`` say, began and stopped)."""
-    entries = ledger.committed()[0] if isinstance(ledger, TableLedger) else ledger.read_entries()
     reported = (report.get("totals") or {}).get("units")
     notes = []
     if isinstance(reported, int) and len(entries) != reported:
@@ -277,10 +282,9 @@ def _later(ledger: Ledger, report: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _other_job(ledger: Ledger, expected: dict[str, Any] | None) -> list[str]:
-    """Whether the output holds another job than the job file describes (``chute run``
-    would refuse it, exit 5)."""
-    owner = ledger.read_json("job.json") or {}
+def _other_job(owner: dict[str, Any], expected: dict[str, Any] | None) -> list[str]:
+    """Whether the output holds another job than the job file describes (``owner``: its
+    ``job.json``; ``chute run`` would refuse it, exit 5)."""
     if expected is None or owner.get("fingerprint") in (None, fingerprint_of(expected)):
         return []
     changes = describe_changes(owner.get("job") or {}, expected)
@@ -329,7 +333,7 @@ def _job_status(
     table.add_column(style="bold")
     table.add_column()
     table.add_row("job", str(owner.get("fingerprint")))
-    for note in _other_job(ledger, expected):
+    for note in _other_job(owner, expected):
         table.add_row("job file", note)
     table.add_row("units committed", f"{len(entries)}" + (f" of {total}" if total else ""))
     if total:
@@ -355,7 +359,7 @@ def _job_status(
         parts += [Text(f"model {name}: {note}") for name, note in model_notes(report)]
         parts += _table_lines(report.get("table"))
         if not running:
-            parts += [Text(f"{LATER}{note}") for note in _later(ledger, report)]
+            parts += [Text(f"{LATER}{note}") for note in _later(ledger, report, entries)]
     return Group(*parts)
 
 
