@@ -346,6 +346,12 @@ def test_table_source_refuses_empty_data() -> None:
         TableSource(_table(0))
 
 
+def test_table_source_given_a_frame_says_how_to_pass_it() -> None:
+    frame = pd.DataFrame({"a": [1, 2, 3]})
+    with pytest.raises(ConfigError, match=r"got DataFrame: pass pa\.Table\.from_pandas\(frame\)"):
+        TableSource(frame)  # type: ignore[arg-type]
+
+
 def test_as_source_dataframe() -> None:
     frame = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]}, index=[10, 11, 12])
     source = as_source(frame)
