@@ -280,6 +280,59 @@ def test_csv_files_with_and_without_a_time_zone_are_schema_drift(
     assert _run(declared, tmp_path / "o2").column("t").to_pylist() == [first, later]
 
 
+def test_json_lines_time_text_keeps_its_zone_at_any_depth(tmp_path: Path) -> None:
+    """Arrow's JSON reader took every ISO time for a time without a zone: 00:00+02:00 was
+    written as a naive 22:00 the day before, a UTC time lost its zone. Read as a CSV reader
+    reads them: with an offset, a UTC instant; without, a naive time; both, text."""
+    data = tmp_path / "data"
+    rows = [
+        {
+            "id": i,
+            "zoned": f"2024-01-01T0{i}:00:00+02:00",
+            "naive": f"2024-01-01T0{i}:00:00",
+            "mixed": "2024-01-01T00:00:00Z" if i else "2024-01-01T00:00:00",
+            "s": {"at": f"2024-01-01T0{i}:00:00Z", "zip": "02139"},
+            "l": [{"at": "2024-01-01T00:00:00-05:00"}],
+        }
+        for i in range(2)
+    ]
+    _write(data / "a.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.column_names[:6] == ["id", "zoned", "naive", "mixed", "s", "l"]  # file order
+    zoned = got.column("zoned")
+    assert zoned.type.tz == "UTC"
+    assert [t.isoformat() for t in zoned.to_pylist()] == [
+        "2023-12-31T22:00:00+00:00",
+        "2023-12-31T23:00:00+00:00",
+    ]
+    assert got.schema.field("naive").type.tz is None
+    assert [t.isoformat() for t in got.column("naive").to_pylist()] == [
+        "2024-01-01T00:00:00",
+        "2024-01-01T01:00:00",
+    ]
+    assert got.column("mixed").to_pylist() == ["2024-01-01T00:00:00", "2024-01-01T00:00:00Z"]
+    s = got.column("s").to_pylist()
+    assert [r["at"].isoformat() for r in s] == ["2024-01-01T00:00:00+00:00"] * 1 + [
+        "2024-01-01T01:00:00+00:00"
+    ]
+    assert [r["zip"] for r in s] == ["02139", "02139"]
+    assert got.column("l").to_pylist()[0][0]["at"].isoformat() == "2024-01-01T05:00:00+00:00"
+
+
+def test_json_lines_files_with_and_without_a_time_zone_are_schema_drift(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _write(data / "a.jsonl", '{"id": 1, "t": "2024-01-01T00:00:00"}\n')
+    _write(data / "b.jsonl", '{"id": 2, "t": "2024-01-01T00:00:00+02:00"}\n')
+    drift = r"schema drift: column 't' is timestamp\[s\] .* timestamp\[s, tz=UTC\].* in .*b\.jsonl"
+    with pytest.raises(DataError, match=drift):
+        _run(chute.FileSource(str(data)), tmp_path / "o1")
+    declared = chute.FileSource(str(data), column_types={"t": "string"})
+    assert _run(declared, tmp_path / "o2").column("t").to_pylist() == [
+        "2024-01-01T00:00:00",
+        "2024-01-01T00:00:00+02:00",
+    ]
+
+
 def test_parquet_files_in_two_time_zones_keep_each_instant(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
@@ -236,6 +237,53 @@ def _same(path: str) -> str:
 
 def _text(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+TIME_UNIT = "s"
+"""The unit of a timestamp Arrow infers from JSON text (it infers whole seconds only)."""
+
+
+def _texted(t: pa.DataType) -> pa.DataType | None:
+    """``t`` with each timestamp in it, at any depth, as text; ``None`` if it has none."""
+    if pa.types.is_timestamp(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        texted = [_texted(f.type) for f in fields]
+        if all(x is None for x in texted):
+            return None
+        return pa.struct([f.with_type(x or f.type) for f, x in zip(fields, texted, strict=True)])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        value = _texted(t.value_type)
+        if value is None:
+            return None
+        field = t.value_field.with_type(value)
+        return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
+    return None
+
+
+def _timed(column: pa.ChunkedArray | pa.Array) -> pa.DataType:
+    """The type of a column read with its time text as text (:func:`_texted`): each text
+    that Arrow took for a timestamp is one with a zone (UTC) where every value has an
+    offset, without one where none has, and stays text where both occur; as a CSV reader
+    infers them. Nothing else changes."""
+    t = column.type
+    if _text(t):
+        for kind in (pa.timestamp(TIME_UNIT, "UTC"), pa.timestamp(TIME_UNIT)):
+            try:
+                column.cast(kind)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+            return kind
+        return t
+    if pa.types.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        kinds = [_timed(pc.struct_field(column, [i])) for i in range(t.num_fields)]
+        return pa.struct([f.with_type(k) for f, k in zip(fields, kinds, strict=True)])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = t.value_field.with_type(_timed(pc.list_flatten(column)))
+        return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
+    return t
 
 
 def _hidden(relative: str, underscore_files: bool = True) -> bool:
@@ -923,7 +971,24 @@ class FileSource:
             for name, kind in pinned.items()
             if name in table.column_names and table.schema.field(name).type != kind
         }
-        return parse({**declared, **again}) if again else table
+        # Arrow takes any ISO time text for a timestamp without a zone, moving a time with
+        # an offset to UTC in silence ("00:00+02:00" became a naive 22:00 the day before):
+        # such columns are read again as text and given the type their text says.
+        timed = {
+            f.name: texted
+            for f in table.schema
+            if f.name not in pinned and (texted := _texted(f.type)) is not None
+        }
+        if again or timed:  # the columns in the file's order (Arrow puts explicit ones first)
+            table = parse({**declared, **again, **timed}).select(table.column_names)
+        for name in timed:
+            i = table.schema.get_field_index(name)
+            column = table.column(i)
+            kind = _timed(column)
+            if kind != column.type:
+                field = table.schema.field(i).with_type(kind)
+                table = table.set_column(i, field, column.cast(kind))
+        return table
 
     def _parse_csv(
         self,
