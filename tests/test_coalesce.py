@@ -179,6 +179,40 @@ def test_a_unit_still_arriving_goes_on_to_an_open_file_not_into_memory(tmp_path:
     assert not list(out.glob(".*"))  # no temporary left
 
 
+def test_a_unit_planned_too_large_to_hold_goes_to_its_own_file_from_its_first_rows(
+    tmp_path: Path,
+) -> None:
+    """Held until the hold filled, a large unit was written in runs of the hold's size:
+    memory that bought nothing (each run is a row group of its own either way). A unit
+    whose planned rows (a Parquet row group's) could never be held whole, and a unit that
+    went on to files of its own, are appended as their rows come."""
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = piece(0, 0, 100, 1000).nbytes * 3  # 300 rows' worth
+    files = Coalescer(writer(out), clock=Clock(), unit_bytes=hold, sizes={0: 1000, 1: 200})
+    assert files.add(piece(0, 0, 100, 1000)) == []
+    assert 0 not in files._units or not files._units[0].runs  # in its file, not in memory
+    assert len(list(out.glob(".part-*.tmp"))) == 1  # unit 0's own file, open
+    assert files.add(piece(1, 0, 100, 200)) == []  # 200 rows fit the hold: held
+    assert files._units[1].nbytes > 0
+    unknown = Coalescer(writer(tmp_path / "o2"), clock=Clock(), unit_bytes=hold)
+    (tmp_path / "o2").mkdir()
+    start = 0
+    while not unknown._units.get(0, None) or not unknown._units[0].alone:
+        assert start < 500  # no planned rows: held until the hold is full...
+        unknown.add(piece(0, start, 100, 1000))
+        start += 100
+    assert not unknown._units[0].runs
+    unknown.add(piece(0, start, 100, 1000))  # ...then on to its file as the rows come
+    assert not unknown._units[0].runs and unknown._units[0].file is not None
+    written = files.add(piece(0, 100, 900, 1000)) + files.flush(everything=True)
+    assert {r.unit for r in written} == {0, 1}
+    assert sorted(i for ids in on_disk(out).values() for i in ids) == [
+        *range(1000),
+        *range(1000, 1100),
+    ]
+
+
 def test_whole_units_are_appended_to_the_shared_file_as_they_finish(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -214,7 +248,7 @@ def test_discard_gives_up_the_open_files_and_leaves_no_temporary(tmp_path: Path)
     files = Coalescer(writer(out, file_rows=5), clock=Clock())
     assert files.add(piece(0, 0, 3, 3)) == []  # in the shared file
     assert files.add(piece(1, 0, 8, 20)) != []  # a file of unit 1's first 5 rows, closed
-    assert files.add(piece(1, 8, 4, 20)) == []  # and its next rows in an open one
+    assert files.add(piece(1, 8, 1, 20)) == []  # and its next rows in an open one
     assert len(list(out.glob(".part-*.tmp"))) == 2
     files.discard()  # the run failed: units 0 and 1 are not committed, nor their files
     assert not list(out.glob(".part-*.tmp"))

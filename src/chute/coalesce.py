@@ -14,7 +14,10 @@ open :class:`~chute.sinks.DataFile` s:
 * a unit still arriving is held while all such units hold under :data:`UNIT_HOLD_BYTES`
   (and it has fewer rows than the target's); past that, the largest one's rows go to
   files of its own, appended as they come, a new file each time one fills, the last
-  closed when its last row has arrived.
+  closed when its last row has arrived. A unit whose planned rows (``sizes``: a Parquet
+  row group's, known before it is read) could never be held whole goes so from its first
+  rows: holding them would only hold memory (each run is a row group of its own either
+  way).
 
 So the writer holds at most :data:`UNIT_HOLD_BYTES` of the units in flight (and the run
 each thread is appending), however large the input and the files; a finished unit's
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -92,8 +95,11 @@ class Coalescer:
         hold: float = HOLD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         unit_bytes: int = UNIT_HOLD_BYTES,
+        sizes: Mapping[int, int] | None = None,
     ) -> None:
         self.writer = writer
+        self.sizes = dict(sizes or {})
+        """The planned rows of each unit, where the input says before it is read."""
         self.target = writer.target
         self.hold = hold
         self.unit_bytes = min(unit_bytes, self.target.bytes)
@@ -147,7 +153,10 @@ class Coalescer:
             file.discard()
 
     def _hold(self, record: PartRecord, rows: pa.Table | None) -> None:
-        held = self._units.setdefault(record.unit, _Held())
+        held = self._units.get(record.unit)
+        if held is None:
+            held = self._units[record.unit] = _Held()
+            held.alone = rows is not None and self._never_held(record.unit, rows)
         held.covered += record.end - record.start
         if record.unit_rows >= 0:
             held.total = record.unit_rows
@@ -156,9 +165,19 @@ class Coalescer:
             held.rows += rows.num_rows
             held.nbytes += rows.nbytes
 
+    def _never_held(self, unit: int, rows: pa.Table) -> bool:
+        """Whether a unit's planned rows, at the bytes a row of ``rows`` takes, could never
+        be held whole (nor share a file)."""
+        planned = self.sizes.get(unit)
+        if planned is None or not rows.num_rows:
+            return False
+        estimate = planned * rows.nbytes // rows.num_rows
+        return estimate > self.unit_bytes or planned > (self.target.rows or planned)
+
     def _due(self) -> list[_Step]:
         """What to append and close now: ready units to the shared file (or, too large to
-        share, alone), units that outgrew the hold to their own files."""
+        share, alone), units that outgrew the hold to their own files, and the rows that
+        came of units already there."""
         steps: list[_Step] = []
         for unit, held in list(self._units.items()):
             if held.ready:
@@ -167,7 +186,7 @@ class Coalescer:
                     steps += self._alone(held, close=True)
                 elif held.runs:
                     steps += self._share(held)
-            elif held.rows >= (self.target.rows or held.rows + 1):
+            elif (held.alone and held.runs) or held.rows >= (self.target.rows or held.rows + 1):
                 steps += self._alone(held, close=False)
         arriving = sorted(self._units.values(), key=lambda h: h.nbytes)
         held_bytes = sum(h.nbytes for h in arriving)

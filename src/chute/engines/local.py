@@ -115,7 +115,8 @@ class _Run:
         channel = self._preprocess(channel)
         for stage in plan.stages:
             channel = self._model(stage, channel)
-        self.files = Coalescer(PartWriter(plan.output))  # shared: files of several batches
+        sizes = {u.index: u.rows for u in plan.pending if u.rows is not None}
+        self.files = Coalescer(PartWriter(plan.output), sizes=sizes)  # shared by the writers
         self.written = channel
         self._writing = writers
         """Writer threads not finished: the last one closes the files still open."""
