@@ -291,6 +291,34 @@ def test_an_openai_batch_output_takes_only_batch_lines(tmp_path: Path, answer: A
     assert (tmp_path / "out").is_dir()
 
 
+def test_an_openai_batch_output_line_must_answer_its_own_rows_request(tmp_path: Path) -> None:
+    """A model of the user's own that answered its batch in another order wrote each
+    answer under another request's custom_id, and the run was complete."""
+    import chute
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"custom_id": f"r{i}", "url": "/v1/completions", "body": {}}) + "\n"
+            for i in range(5)
+        )
+    )
+
+    def reversed_lines(batch: pa.Table) -> dict[str, list[str]]:
+        ids = batch.column("custom_id").to_pylist()[::-1]
+        return {"line": [json.dumps({"custom_id": c, "response": None}) for c in ids]}
+
+    job = chute.Job(
+        source=OpenAIBatchSource(str(path)),
+        models=(chute.Model("llm", reversed_lines, inputs=("custom_id", "url", "body")),),
+        output=chute.Sink(str(tmp_path / "out"), "openai-batch"),
+        engine="local",
+    )
+    with pytest.raises(ModelError, match="line for request 'r0' names custom_id 'r4'"):
+        job.run()
+    assert not list((tmp_path / "out").glob("part-*"))
+
+
 def test_the_single_file_is_assembled_in_input_order_past_a_million_units(
     tmp_path: Path,
 ) -> None:

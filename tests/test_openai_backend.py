@@ -218,3 +218,33 @@ def test_retry_after_and_backoff() -> None:
 def test_concurrency_must_be_at_least_one() -> None:
     with pytest.raises(ConfigError, match="concurrency must be a whole number, at least 1"):
         adapter("openai", base_url="http://x/v1", model="m", concurrency=0).check()
+
+
+@pytest.mark.timeout(120)
+def test_openai_batch_lines_answer_their_own_requests(endpoint: Endpoint, tmp_path: Path) -> None:
+    """Without custom_id among the model's inputs, every line was named by its row
+    ("row:0") and the run was complete: no answer under its request's custom_id."""
+    from chute.sources.openai_batch import OpenAIBatchSource
+
+    path = tmp_path / "requests.jsonl"
+    lines = [
+        {"custom_id": f"r{i}", "url": "/v1/completions", "body": {"model": "m", "prompt": f"p{i}"}}
+        for i in range(4)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    spec = adapter("openai", base_url=endpoint.url, model="tiny")
+
+    def run(inputs: tuple[str, ...], out: str) -> None:
+        chute.Job(
+            source=OpenAIBatchSource(str(path)),
+            models=(Model("gen", spec, inputs=inputs),),
+            output=chute.Sink(str(tmp_path / out), "openai-batch"),
+            engine="local",
+        ).run()
+
+    with pytest.raises(ModelError, match=r"line for request 'r0' names custom_id 'row:"):
+        run(("url", "body"), "o1")
+    assert not list((tmp_path / "o1").glob("part-*"))
+    run(("custom_id", "url", "body"), "o2")
+    answered = [json.loads(x) for p in sorted((tmp_path / "o2").glob("part-*")) for x in p.open()]
+    assert sorted(a["custom_id"] for a in answered) == ["r0", "r1", "r2", "r3"]

@@ -99,15 +99,22 @@ def openai_lines(table: pa.Table) -> bytes:
             "another output format."
         )
     texts = table.column(lines[0]).to_pylist()
-    for row, text in enumerate(texts):
-        _check_batch_line(text, lines[0], row)
+    asked = (
+        table.column("custom_id").to_pylist()
+        if "custom_id" in table.column_names
+        else [None] * len(texts)
+    )
+    for row, (text, custom_id) in enumerate(zip(texts, asked, strict=True)):
+        _check_batch_line(text, lines[0], row, custom_id)
     return "".join(f"{text}\n" for text in texts).encode()
 
 
-def _check_batch_line(text: Any, column: str, row: int) -> None:
-    """One OpenAI Batch output line: a JSON object with its ``custom_id``, on one line.
-    A model of the user's own that returns a ``line`` column could give ``None`` (written
-    as ``None``), text with a newline (two lines, neither an answer) or any other text."""
+def _check_batch_line(text: Any, column: str, row: int, custom_id: Any = None) -> None:
+    """One OpenAI Batch output line: a JSON object with its ``custom_id``, on one line,
+    and that ``custom_id`` its request's (the row's, where the input has one). A model of
+    the user's own that returns a ``line`` column could give ``None`` (written as
+    ``None``), text with a newline (two lines, neither an answer), any other text, or the
+    lines of its batch in another order (each answer under another request's name)."""
     try:
         one_line = isinstance(text, str) and not any(c in text for c in "\n\r\u2028\u2029")
         line = json.loads(text) if one_line else None
@@ -119,6 +126,14 @@ def _check_batch_line(text: Any, column: str, row: int) -> None:
             f"value {row + 1:,} of a part is {str(text)[:80]!r}: each must be one JSON object "
             'with its "custom_id", on one line (as the vllm and openai models write them). '
             "Return such lines, or choose another output format."
+        )
+    if custom_id is not None and line["custom_id"] != custom_id:
+        raise ModelError(
+            f"the openai-batch output line for request {custom_id!r} names custom_id "
+            f"{line['custom_id']!r}: each line must answer its own row's request, in the "
+            "order of the batch. With the vllm or openai model type, put custom_id in the "
+            "model's inputs (inputs: [custom_id, url, body]); a model of your own must "
+            "return each row's line in its row."
         )
 
 

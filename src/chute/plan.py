@@ -467,6 +467,9 @@ def _carryover(job: JobSpec, schema: pa.Schema) -> list[str]:
             "are chute's own, for the rows it tracks. Rename the column."
         )
     carry = list(schema.names) if job.carryover == ("*",) else list(job.carryover)
+    batch = job.output is not None and job.output.format == "openai-batch"
+    if batch and "custom_id" in schema.names and "custom_id" not in carry:
+        carry.append("custom_id")  # each line's custom_id is checked against its request's
     if job.carryover != ("*",):
         try:
             check_columns(schema, job.carryover, "carryover")
