@@ -27,6 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 import chute
+import chute.sources.files
 from chute import ConfigError
 from chute.cli import main
 from chute.ledger import Ledger
@@ -542,13 +543,54 @@ def test_planning_many_objects_takes_paginated_listings_and_one_footer_read_each
 def test_reading_units_asks_for_no_object_twice(
     engine: str, s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path
 ) -> None:
-    """The sizes come from the listing: reading a unit is ranged GETs, never a HEAD per file."""
+    """The sizes come from the listing: reading a unit is ranged GETs, and one HEAD once
+    its rows are read (the object is still the one planned)."""
     upload(moto_s3, "parquet")
     s3.reset()
     _job("s3://bucket/in/", str(tmp_path / "out"), engine).run()
     counts = dict(s3.counts)
-    assert counts.get("HEAD", 0) <= 3, counts  # the bucket and the prefix, not each file
+    assert counts.get("HEAD", 0) <= 3 + UNITS, counts  # the bucket, the prefix, each unit's
     assert len(pq.read_table(tmp_path / "out")) == UNITS * ROWS
+
+
+@pytest.mark.timeout(120)
+def test_an_object_rewritten_at_its_size_during_the_run_stops_it(
+    s3: FaultProxy, moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The units read after the rewrite took the new bytes with the row groups planned
+    from the old: a complete run of rows from two versions of one object."""
+    monkeypatch.setattr(chute.sources.files, "UNIT_TARGET_ROWS", ROWS)  # a unit a row group
+
+    def version(offset: int) -> bytes:
+        ids = np.arange(offset, offset + 20 * ROWS, dtype=np.int64)
+        buf = io.BytesIO()
+        table = pa.table({"id": ids, "x": np.ones(len(ids))})
+        pq.write_table(table, buf, row_group_size=ROWS, compression="none", use_dictionary=False)
+        return buf.getvalue()
+
+    old, new = version(0), version(10**6)
+    assert len(old) == len(new)
+    put_objects(moto_s3, "bucket", {"rw/data.parquet": old})
+    rewritten: list[bool] = []
+
+    def rewrite(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not rewritten:
+            time.sleep(1.1)  # the listing's time is to the second
+            put_objects(moto_s3, "bucket", {"rw/data.parquet": new})
+            rewritten.append(True)
+        return {"y": batch["x"]}
+
+    source = chute.FileSource("s3://bucket/rw/data.parquet")
+    assert len(source.plan()) == 20  # the first few are read before the rewrite, not all
+    job = chute.Job(
+        source=source,
+        models=(chute.Model("m", rewrite, inputs=("x",), batch_format="numpy", batch_size=ROWS),),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(chute.DataError, match="was modified after the job was planned"):
+        job.run()
 
 
 # --------------------------------------------------------------------------- 7. access

@@ -7,6 +7,7 @@ here reads data rows until an engine asks for a unit.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import difflib
 import errno
@@ -773,21 +774,27 @@ class FileSource:
         return self._stamps.get(path, (None, None))[1]
 
     def _unchanged(self, unit: Unit) -> None:
-        """Called once a unit's rows are read, before the last of them is handed on: a local
-        file whose size or modification time is not the listing's was rewritten since
-        planning (even at its old size), and what was read may mix two versions of it.
+        """Called once a unit's rows are read, before the last of them is handed on: a file
+        whose size or modification time is not the listing's was rewritten since planning
+        (even at its old size), and what was read may mix two versions of it.
 
-        Object stores are not asked (a HEAD per object, against reads planned to need
-        none): an object is replaced whole, and a new size is caught as the file opens."""
+        An object store is asked too (a HEAD a unit, beside the unit's own GETs): an object
+        rewritten at its old size mid-run was read by the units after it with the new
+        bytes and the row groups planned from the old, a complete run of two versions.
+        There the time is compared to the second (what a HEAD says), so a rewrite at the
+        same size within the listed second is not seen."""
         path, stamp = unit.path, unit.stamp
-        if path is None or stamp is None or not is_local(self.filesystem):
+        if path is None or stamp is None:
             return
+        local = is_local(self.filesystem)
         info = self.filesystem.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             raise DataError(
                 f"input file {path!r} was removed after the job was planned: {INPUT_CHANGED}"
             )
-        if info.mtime_ns != stamp or (unit.size is not None and info.size != unit.size):
+        now = info.mtime_ns
+        moved = now != stamp if local else now is None or now // 10**9 != stamp // 10**9
+        if moved or (unit.size is not None and info.size != unit.size):
             raise DataError(
                 f"input file {path!r} was modified after the job was planned "
                 f"({_when(stamp)} then, {_when(info.mtime_ns)} now): {INPUT_CHANGED}"
@@ -832,6 +839,9 @@ class FileSource:
                 lambda: self._read_unit(path, unit, columns, dictionary), f"reading {path}"
             )
         except (pa.ArrowException, OSError) as exc:
+            if not is_local(self.filesystem):  # an object rewritten at another size: its
+                with contextlib.suppress(OSError):  # planned ranges are past its end (416)
+                    self._unchanged(unit)
             raise unreadable(f"input file {path!r}", exc) from exc
         self._unchanged(unit)
         return table
