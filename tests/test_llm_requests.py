@@ -223,13 +223,55 @@ def test_a_repeated_custom_id_is_refused_before_any_compute(tmp_path: Path) -> N
     lines = [{"custom_id": c, "url": "/v1/completions", "body": {"prompt": "x"}} for c in "aba"]
     path = tmp_path / "requests.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    with pytest.raises(ConfigError, match=r"'a' \(lines 1, 3\)"):
+    with pytest.raises(DataError, match=r"'a' \(lines 1, 3\)"):
         OpenAIBatchSource(str(path))
     out = tmp_path / "results.jsonl"
     args = ["run-batch", "-i", str(path), "-o", str(out), "--model", str(tmp_path)]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "repeat" in result.output
+    assert result.exit_code == 3 and "repeat" in result.output  # bad data, not a bad job
     assert not out.exists() and not (tmp_path / "results.jsonl.chute").exists()
+    first, second = tmp_path / "one" / "a.jsonl", tmp_path / "one" / "b.jsonl"
+    first.parent.mkdir()
+    first.write_text("".join(json.dumps({**lines[0], "custom_id": c}) + "\n" for c in "ab"))
+    second.write_text("".join(json.dumps({**lines[0], "custom_id": c}) + "\n" for c in "cb"))
+    with pytest.raises(DataError, match=r"'b' \(.*a\.jsonl line 2, .*b\.jsonl line 2\)"):
+        OpenAIBatchSource([str(first), str(second)])
+
+
+def test_a_folder_or_a_glob_of_batch_files_is_read_as_any_input_is(tmp_path: Path) -> None:
+    """A folder was 'is a directory'; a glob 'does not exist: check the path'."""
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    for name, ids in (("b.jsonl", "cd"), ("a.jsonl", "ab"), (".hidden.jsonl", "x")):
+        text = "".join(
+            json.dumps({"custom_id": c, "url": "/v1/completions", "body": {}}) + "\n" for c in ids
+        )
+        (folder / name).write_text(text)
+    for path in (str(folder), str(folder / "*.jsonl")):
+        source = OpenAIBatchSource(path)
+        assert source.table.column("custom_id").to_pylist() == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"custom_id": 1, "url": "/v1/completions"}', r"custom_id 1, a int: a custom_id is a"),
+        (b'{"custom_id": "a", "method": "GET"}', r"method 'GET': batch requests are POST"),
+        (b'{"custom_id": "\\ud800"}', r"lone surrogate escape"),
+        (b'{"custom_id": "a", "body": {"prompt": "\\udfff"}}', r"lone surrogate escape"),
+        (b'{"custom_id": "\xff"}', r"line 2 is not UTF-8 text \(byte 16 of the line\)"),
+    ],
+    ids=["number-id", "get", "surrogate-id", "surrogate-body", "not-utf8"],
+)
+def test_a_bad_batch_line_is_named_with_what_to_fix(
+    tmp_path: Path, line: bytes, message: str
+) -> None:
+    """A numeric custom_id was 'has no custom_id'; a lone surrogate a bare codec error,
+    naming no file nor line, with exit 2; GET was answered as if POST."""
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(b'{"custom_id": "z", "url": "/v1/completions", "body": {}}\n' + line + b"\n")
+    with pytest.raises(DataError, match=rf"requests\.jsonl, line 2 .*{message}|{message}"):
+        OpenAIBatchSource(str(path))
 
 
 def test_a_line_without_custom_id_is_named(tmp_path: Path) -> None:
