@@ -793,7 +793,7 @@ class FileSource:
                 f"input file {path!r} was removed after the job was planned: {INPUT_CHANGED}"
             )
         now = info.mtime_ns
-        moved = now != stamp if local else now is None or now // 10**9 != stamp // 10**9
+        moved = now != stamp if local else now is not None and now // 10**9 != stamp // 10**9
         if moved or (unit.size is not None and info.size != unit.size):
             raise DataError(
                 f"input file {path!r} was modified after the job was planned "
