@@ -11,6 +11,7 @@ import math
 import re
 import textwrap
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from chute.metrics import (
     state_from_text,
     state_to_text,
 )
+from chute.metrics.state import _exact_sums
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -473,6 +475,48 @@ def test_column_stats_policy_for_nulls_nans_infinities_and_strings() -> None:
     names = ColumnStats("name")
     result = names.result(names.update(names.init(), table))
     assert [result[k] for k in ("count", "null_count", "sum", "min")] == [3, 2, None, None]
+
+
+@pytest.mark.parametrize(
+    ("y", "p"),
+    [
+        pytest.param([1.0, 2.0, 3.0, 4.0], [4.0, 5.0, 6.0, 1e200], id="prediction-squares-to-inf"),
+        pytest.param([1.0, 2.0, 3.0, 1e200], [4.0, 5.0, 6.0, 7.0], id="label-squares-to-inf"),
+        pytest.param([1.0, -1e308, 3.0], [4.0, 1e308, 6.0], id="error-beyond-float-range"),
+        pytest.param([1.0, 1e200, 3.0], [4.0, 1e200, 6.0], id="huge-but-exact"),
+    ],
+)
+def test_regression_of_values_whose_squares_pass_the_float_range(
+    y: list[float], p: list[float]
+) -> None:
+    # the squares were summed as inf, each one cast to a wrong integer in silence: every
+    # prediction off by 3 and one of 1e200 reported mse=7.967; with labels of 1e200 the
+    # result raised ValueError from math.sqrt of a negative mse
+    regression = Regression("y", "p")
+    result = regression.result(regression.update(regression.init(), pa.table({"y": y, "p": p})))
+    errors = [Fraction(b) - Fraction(a) for a, b in zip(y, p, strict=True)]
+    exact_mse = sum(e * e for e in errors) / len(y)
+    mse = float(exact_mse) if exact_mse < Fraction(np.finfo(np.float64).max) else math.inf
+    assert result["mse"] == mse
+    assert result["rmse"] == math.sqrt(mse)
+    assert result["mae"] == pytest.approx(float(sum(abs(e) for e in errors) / len(y)))
+    assert result["r2"] is not None and not math.isnan(result["r2"])
+
+
+def test_column_stats_sum_beyond_the_float_range_is_inf() -> None:
+    # float() of the exact sum raised OverflowError, in the report, after every unit was
+    # committed: the run could never be finished
+    biggest = float(np.finfo(np.float64).max)
+    stats = ColumnStats("x")
+    result = stats.result(stats.update(stats.init(), pa.table({"x": [biggest, biggest]})))
+    assert (result["sum"], result["mean"], result["max"]) == (math.inf, biggest, biggest)
+    negative = stats.result(stats.update(stats.init(), pa.table({"x": [-biggest, -biggest]})))
+    assert (negative["sum"], negative["mean"]) == (-math.inf, -biggest)
+
+
+def test_exact_sums_refuse_values_that_are_not_finite() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        _exact_sums(np.array([1.0, math.inf]))
 
 
 def test_histogram_edges_and_out_of_range_values() -> None:

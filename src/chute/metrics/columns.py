@@ -24,6 +24,7 @@ from chute.metrics.state import (
     _exact,
     _exact_sums,
     _ratio,
+    _to_float,
     add_states,
 )
 
@@ -138,7 +139,7 @@ def _column_sum(state: State) -> float | None:
         return None
     if state["plus_inf"] or state["minus_inf"]:
         return math.nan if state["plus_inf"] and state["minus_inf"] else _inf_sign(state)
-    return float(_exact(state["sum"]))
+    return _to_float(_exact(state["sum"]))  # two values of 1e308 add up to inf
 
 
 def _inf_sign(state: State) -> float:
@@ -146,9 +147,11 @@ def _inf_sign(state: State) -> float:
 
 
 def _mean(state: State, total: float) -> float | None:
-    if math.isfinite(total):
-        return _ratio(state["sum"], state["numeric"])
-    return total
+    """An infinite value makes the mean infinite (or NaN); a sum beyond the float range
+    does not: the mean of finite values is finite."""
+    if state["plus_inf"] or state["minus_inf"]:
+        return total
+    return _ratio(state["sum"], state["numeric"])
 
 
 class Histogram(Metric):

@@ -13,10 +13,14 @@ from chute.metrics.base import (
     _floats,
 )
 from chute.metrics.state import (
+    _UNIT,
+    Floats,
     State,
     _exact,
     _exact_sums,
     _ratio,
+    _square_units,
+    _to_float,
 )
 
 # -- regression --------------------------------------------------------------------------
@@ -27,7 +31,8 @@ class Regression(Metric):
 
     R² follows scikit-learn: 1.0 for a perfect fit of constant labels, 0.0 for an
     imperfect one. Sums of y, y², ŷ, (ŷ-y)² and |ŷ-y| are exact, so R² suffers no
-    cancellation beyond the rounding of each row's square.
+    cancellation beyond the rounding of each row's square. A finite value whose square (or
+    error) passes the float range is summed exactly too; a mean beyond it is inf.
 
     >>> Regression(label="tip_amount", prediction="tip_pred")
     <Regression 'regression' on tip_amount, tip_pred>
@@ -51,16 +56,20 @@ class Regression(Metric):
         p, p_ok = _floats(table, self.prediction, self.name)
         ok = y_ok & p_ok
         y, p = y[ok], p[ok]
-        error = p - y
-        columns = (y, np.square(y), p, np.square(error), np.abs(error))
-        sums = {
-            key: _exact_sums(column)[0] for key, column in zip(self._SUMS, columns, strict=True)
+        with np.errstate(over="ignore"):
+            error = p - y
+        return {
+            "count": len(y),
+            "skipped": int(len(ok) - len(y)),
+            "label": _exact_sums(y)[0],
+            "label_sq": _square_sum(y),
+            "prediction": _exact_sums(p)[0],
+            **_error_sums(p, y, error),
         }
-        return {"count": len(y), "skipped": int(len(ok) - len(y)), **sums}
 
     def result(self, state: State) -> dict[str, Any]:
         n = state["count"]
-        mse = _ratio(state["squared_error"], n)
+        mse = _ratio(state["squared_error"], n)  # inf where it passes the float range
         return {
             "mse": mse,
             "rmse": math.sqrt(mse) if mse is not None else None,
@@ -79,4 +88,25 @@ def _r2(state: State) -> float:
     residual = _exact(state["squared_error"])
     if spread <= 0:
         return 1.0 if residual == 0 else 0.0
-    return float(1 - residual / spread)
+    return _to_float(1 - residual / spread)
+
+
+def _square_sum(x: Floats) -> int:
+    """The exact sum of each value's square as NumPy rounds it; a square beyond the float
+    range (of a finite value past 1.3e154) is added exactly instead: as inf it would make
+    the sum wrong, and NumPy's own mean would say inf where the exact one is finite."""
+    with np.errstate(over="ignore"):
+        squares = np.square(x)
+    over = ~np.isfinite(squares)
+    return _exact_sums(squares[~over])[0] + sum(_square_units(v) for v in x[over].tolist())
+
+
+def _error_sums(p: Floats, y: Floats, error: Floats) -> State:
+    """Exact sums of ``|p - y|`` and ``(p - y)**2``. A difference beyond the float range
+    (``1e308 - -1e308``) is taken exactly: both values are then integers."""
+    over = ~np.isfinite(error)
+    wide = [int(a) - int(b) for a, b in zip(p[over].tolist(), y[over].tolist(), strict=True)]
+    return {
+        "squared_error": _square_sum(error[~over]) + sum(d * d << _UNIT for d in wide),
+        "absolute_error": _exact_sums(np.abs(error[~over]))[0] + sum(abs(d) << _UNIT for d in wide),
+    }

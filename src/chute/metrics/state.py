@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import zlib
 from collections.abc import Callable
 from fractions import Fraction
@@ -36,8 +37,12 @@ def _exact_sums(x: Floats, groups: Ints | None = None, n_groups: int = 1) -> lis
 
     Each value is ``mant * 2**(e-53)`` with an integer ``mant < 2**53``; the mantissas are
     split into two limbs and summed per (group, exponent) with ``bincount``. Integer sums
-    make the merge exactly associative and commutative.
+    make the merge exactly associative and commutative. An infinite or NaN value has no
+    such form (its mantissa would be cast to a wrong integer in silence), so it is refused:
+    callers leave them out or count them, as ``ColumnStats`` counts ±inf.
     """
+    if not np.isfinite(x).all():
+        raise ValueError("_exact_sums sums finite values only: leave out or count inf and NaN")
     totals = [0] * n_groups
     for start in range(0, len(x), _CHUNK):
         _add_chunk(totals, x[start : start + _CHUNK], groups, start, n_groups)
@@ -63,8 +68,24 @@ def _exact(total: int) -> Fraction:
 
 
 def _ratio(total: int, count: int) -> float | None:
-    """``total / count`` correctly rounded, or None when nothing was counted."""
-    return total / (count << _UNIT) if count else None
+    """``total / count`` correctly rounded (±inf beyond the float range), or None when
+    nothing was counted."""
+    return _to_float(Fraction(total, count << _UNIT)) if count else None
+
+
+def _to_float(value: Fraction) -> float:
+    """``value`` correctly rounded to a float, ±inf where it is beyond the float range
+    (``float(Fraction)`` raises OverflowError there: two values of 1e308 add up to more)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _square_units(x: float) -> int:
+    """The exact square of a float whose float square overflows, in units of 2**-1126.
+    Such a float is beyond 2**53, so an integer, and so is its square."""
+    return int(x) ** 2 << _UNIT
 
 
 def _object_ints(values: list[int]) -> npt.NDArray[np.object_]:
