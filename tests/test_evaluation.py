@@ -398,3 +398,30 @@ def test_metrics_name_their_model_and_say_what_they_leave_out(tmp_path: Path) ->
     assert clipped["clipped"] > 0 and "clipped=" in rows["tip: clipped"]
     assert abs(clipped["auc_roc"] - exact) <= clipped["auc_error_bound"]
     assert abs(clipped["auc_roc"] - exact) > 1e-3  # the bound is honest, not small
+
+
+class _ResultFails(M.ColumnStats):
+    def result(self, state: M.State) -> dict[str, Any]:
+        raise OverflowError("integer division result too large for a float")
+
+
+@pytest.mark.timeout(60)
+def test_a_metric_whose_result_fails_is_reported_and_the_output_finished(tmp_path: Path) -> None:
+    """The results come after every unit is committed: a mean over two DBL_MAX values
+    raised OverflowError there, no _SUCCESS or report was written, and every rerun of the
+    job crashed the same way. The metric is now an error in the report; the run finishes."""
+    table = pa.table({"x": np.arange(10.0)})
+    report = chute.Job(
+        source=chute.TableSource(table, unit_rows=5),
+        models=(chute.Model("m", _score_again, inputs=("x",), batch_format="numpy"),),
+        metrics=(_ResultFails("x", name="broken"), M.ColumnStats("x")),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    ).run()
+    error = report.metrics["dataset"]["broken"]["error"]
+    assert "'dataset/broken'" in error and "OverflowError" in error
+    assert report.metrics["dataset"]["column_stats"]["sum"] == 45.0
+    assert (tmp_path / "out" / "_SUCCESS").exists()
+    saved = json.loads((tmp_path / "out" / "_chute" / "report.json").read_text())
+    assert saved["metrics"]["dataset"]["broken"] == {"error": error}
+    assert dict(report.rows())["dataset: broken"] == f"error: {error}"

@@ -80,12 +80,13 @@ class Evaluation:
                     total[key] = metric.merge(total[key], state) if key in total else state
 
     def results(self, total: Mapping[str, State]) -> dict[str, dict[str, Any]]:
-        """Metric values by owner, then by metric name."""
+        """Metric values by owner, then by metric name. A metric whose ``result`` raises
+        is reported as ``{"error": ...}``: the results come after every unit is committed,
+        and one metric's failure must not keep the output from being finished."""
         out: dict[str, dict[str, Any]] = {}
         for key, metric in self.metrics.items():
             owner_name, name = key.split("/", 1)
-            state = total.get(key, metric.init())
-            out.setdefault(owner_name, {})[name] = _jsonable(metric.result(state))
+            out.setdefault(owner_name, {})[name] = _result(key, metric, total)
         return out
 
     def plots(self, total: Mapping[str, State]) -> list[dict[str, Any]]:
@@ -99,7 +100,10 @@ class Evaluation:
                 what = ("score", *metric.columns())  # auc_roc and pr_auc: the same curves
             if state is not None and what not in drawn:
                 drawn.add(what)
-                specs += _plots(key, metric, state)
+                try:
+                    specs += _plots(key, metric, state)
+                except Exception:  # its result is reported as an error (results())
+                    continue
         return specs
 
 
@@ -121,6 +125,15 @@ def to_text(states: Mapping[str, State]) -> str:
 
 def from_text(text: str) -> dict[str, State]:
     return state_from_text(text) if text else {}
+
+
+def _result(key: str, metric: Metric, total: Mapping[str, State]) -> dict[str, Any]:
+    try:
+        return dict(_jsonable(metric.result(total.get(key, metric.init()))))
+    except Exception as exc:  # a custom metric may raise anything
+        return {
+            "error": f"metric {key!r} failed to compute its result: {type(exc).__name__}: {exc}"
+        }
 
 
 def _inner(metric: Metric) -> Metric:

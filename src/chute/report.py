@@ -376,6 +376,8 @@ def model_notes(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _headline(values: dict[str, Any]) -> str:
     """The scalar values of a metric result, briefly."""
+    if isinstance(values.get("error"), str):  # its result() raised (Evaluation.results)
+        return f"error: {values['error']}"
     if "groups" in values:  # sliced: the overall values, then the number of groups
         return (
             f"{_headline(values.get('all', {}))} (by {values.get('by')}: "
