@@ -425,3 +425,82 @@ def test_a_metric_whose_result_fails_is_reported_and_the_output_finished(tmp_pat
     saved = json.loads((tmp_path / "out" / "_chute" / "report.json").read_text())
     assert saved["metrics"]["dataset"]["broken"] == {"error": error}
     assert dict(report.rows())["dataset: broken"] == f"error: {error}"
+
+
+class _PositiveRate:
+    """A custom metric as the README shows one: no columns(), reads its label by name."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def init(self) -> M.State:
+        return {"n": 0, "pos": 0}
+
+    def update(self, state: M.State, table: pa.Table) -> M.State:
+        y = table.column(self.label).to_numpy()
+        return self.merge(state, {"n": len(y), "pos": int(y.sum())})
+
+    def merge(self, a: M.State, b: M.State) -> M.State:
+        return {"n": a["n"] + b["n"], "pos": a["pos"] + b["pos"]}
+
+    def result(self, state: M.State) -> dict[str, Any]:
+        return {"positives": state["pos"], "n": state["n"]}
+
+
+class _ListState(_PositiveRate):
+    def update(self, state: M.State, table: pa.Table) -> M.State:
+        return {**state, "seen": [table.num_rows]}
+
+
+class _Missing(_PositiveRate):
+    def columns(self) -> list[str]:
+        return ["x"]
+
+
+def _custom_job(tmp_path: Path, metric: M.Metric) -> chute.Job:
+    x = np.arange(40.0)
+    path = tmp_path / "in.parquet"
+    tmp_path.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"x": x, "y": (x % 4 == 0).astype(np.int8), "z": x}), path)
+    model = chute.Model("m", _score_again, inputs=("x",), batch_format="numpy")
+    return chute.Job(
+        source=chute.FileSource(str(path)),
+        models=(model,),
+        carryover=("z",),
+        metrics=(metric,),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_custom_metric_that_names_no_columns_gets_every_input_column(tmp_path: Path) -> None:
+    """Its label, neither carried nor a model's input, was not read: after the whole
+    compute the run stopped on "unexpected KeyError: 'Field "y" does not exist'"."""
+    report = _custom_job(tmp_path, M.Custom(_PositiveRate("y"), "rate")).run()
+    assert report.metrics["dataset"]["rate"] == {"positives": 10, "n": 40}
+    sliced = M.Sliced(M.Custom(_PositiveRate("y"), "rate"), "z")
+    report = _custom_job(tmp_path / "sliced", sliced).run()
+    assert report.metrics["dataset"]["rate"]["all"] == {"positives": 10, "n": 40}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("metric", "message"),
+    [
+        pytest.param(
+            M.Custom(_ListState("y"), "listed"),
+            "metric 'dataset/listed' returned a state chute cannot keep.*not list",
+            id="state-holds-a-list",
+        ),
+        pytest.param(
+            M.Custom(_Missing("y"), "missing"),
+            "metric 'dataset/missing' raised KeyError while measuring a batch.*columns",
+            id="reads-a-column-it-did-not-name",
+        ),
+    ],
+)
+def test_a_failing_custom_metric_is_named(tmp_path: Path, metric: M.Metric, message: str) -> None:
+    """These were "unexpected" errors that named neither the metric nor the fix."""
+    with pytest.raises(chute.ChuteError, match=message):
+        _custom_job(tmp_path, metric).run()

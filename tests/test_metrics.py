@@ -746,6 +746,20 @@ def test_custom_duck_typed_metric_from_spec(tmp_path: Path, data: Any, chunks: A
     assert metric.result(loads(dumps(state))) == {"max_abs_error": expected}
 
 
+def test_a_custom_metric_subclass_reads_the_columns_its_spec_lists(tmp_path: Path) -> None:
+    # the spec's columns: was dropped for a Metric subclass without columns()
+    path = tmp_path / "subclassed.py"
+    path.write_text(
+        "from chute.metrics import Metric\n"
+        "class Rows(Metric):\n"
+        "    def __init__(self, label):\n"
+        "        self.label = label\n"
+    )
+    metric = metric_from_spec({"type": f"{path}:Rows", "label": "y", "columns": ["y"]})
+    assert metric.columns() == ["y"] and metric.name == "Rows"
+    assert metric_from_spec({"type": f"{path}:Rows", "label": "y"}).columns() == []
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

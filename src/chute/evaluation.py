@@ -9,14 +9,14 @@ scores (``tip_score`` → ``tip``), or under ``dataset`` when it reads no model 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from chute.errors import ConfigError
+from chute.errors import ChuteError, ConfigError
 from chute.metrics import (
     Calibration,
     Histogram,
@@ -68,7 +68,14 @@ class Evaluation:
             return b""
         if table.num_rows == 0:  # every row failed (quarantined): a model's outputs may be
             return dumps({})  # missing altogether, and there is nothing to measure
-        return dumps({k: m.update(m.init(), table) for k, m in self.metrics.items()})
+        states = {
+            key: _guarded(key, "measuring a batch", _measured, metric, table)
+            for key, metric in self.metrics.items()
+        }
+        try:
+            return dumps(states)
+        except TypeError as exc:
+            raise _unkeepable(states) from exc
 
     def merge(self, total: dict[str, State], blobs: Iterable[bytes | dict[str, State]]) -> None:
         """Merge part or unit states into ``total``, in place."""
@@ -76,8 +83,11 @@ class Evaluation:
             states = loads(blob) if isinstance(blob, bytes) else blob
             for key, state in states.items():
                 metric = self.metrics.get(key)
-                if metric is not None:
-                    total[key] = metric.merge(total[key], state) if key in total else state
+                if metric is None:
+                    continue
+                if key in total:
+                    state = _guarded(key, "merging states", metric.merge, total[key], state)
+                total[key] = state
 
     def results(self, total: Mapping[str, State]) -> dict[str, dict[str, Any]]:
         """Metric values by owner, then by metric name. A metric whose ``result`` raises
@@ -125,6 +135,39 @@ def to_text(states: Mapping[str, State]) -> str:
 
 def from_text(text: str) -> dict[str, State]:
     return state_from_text(text) if text else {}
+
+
+def _measured(metric: Metric, table: pa.Table) -> State:
+    return metric.update(metric.init(), table)
+
+
+def _guarded(key: str, doing: str, call: Callable[..., State], *args: Any) -> State:
+    """``call(*args)``, with what a metric raises besides chute's own errors (a custom metric's
+    code: a KeyError, a TypeError) said to be that metric's, and how to fix it."""
+    try:
+        return call(*args)
+    except ChuteError:
+        raise
+    except Exception as exc:
+        raise ChuteError(
+            f"metric {key!r} raised {type(exc).__name__} while {doing}: {exc}. Fix the "
+            "metric's code or its options in the job. A metric sees the columns its "
+            "columns() names (or its spec's columns:), every column when it names none."
+        ) from exc
+
+
+def _unkeepable(states: Mapping[str, State]) -> ChuteError:
+    """The error for a state ``dumps`` cannot write, naming the metric that made it."""
+    for key, state in states.items():
+        try:
+            dumps({key: state})
+        except TypeError as exc:
+            return ChuteError(
+                f"metric {key!r} returned a state chute cannot keep in the ledger: {exc}. "
+                "A state is a dict of numbers, strings, NumPy arrays of numbers and dicts of "
+                "those: keep a list of numbers as a NumPy array."
+            )
+    return ChuteError("a metric returned a state chute cannot keep in the ledger.")
 
 
 def _result(key: str, metric: Metric, total: Mapping[str, State]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from chute.evaluation import Evaluation
 from chute.formats import csv_error, nested
 from chute.job import BatchFormat, JobSpec, Model, Preprocess, Sink
 from chute.job.values import show_bytes
+from chute.metrics import Metric, Sliced
 from chute.models import AdapterSpec
 from chute.sinks import Output
 from chute.sources import (
@@ -388,6 +389,7 @@ def _passed_through(job: JobSpec, plan: Plan, first: Unit) -> tuple[str, ...]:
         or job.preprocess is not None
         or plan.schema is None
         or first.path is None
+        or any(_reads_every_column(m) for m in job.metrics)  # it sees the values as read
     ):
         return ()
     read = {c for m in job.models for c in m.inputs or ()} | _metric_columns(job, plan.schema)
@@ -493,6 +495,8 @@ def _carryover(job: JobSpec, schema: pa.Schema) -> list[str]:
 
 def _read_columns(job: JobSpec, schema: pa.Schema, carry: list[str]) -> list[str] | None:
     wanted: set[str] = set(carry) | (_metric_columns(job, schema) & set(schema.names))
+    if any(_reads_every_column(m) for m in job.metrics):
+        return None
     pre = job.preprocess
     if pre is not None:
         if pre.inputs is None:
@@ -537,6 +541,14 @@ def _metric_columns(job: JobSpec, schema: pa.Schema) -> set[str]:
             unknown, [*schema.names, *(f"{m}_…" for m in models)], "metrics"
         )
     return columns
+
+
+def _reads_every_column(metric: Metric) -> bool:
+    """A metric that names no columns (a custom one without ``columns()`` or ``columns:``
+    in its spec) is given every column, as the README's own example expects: read only
+    the carried and model columns, its label was missing after the whole compute."""
+    inner = metric.metric if isinstance(metric, Sliced) else metric
+    return not inner.columns()
 
 
 def _misspelt(column: str, names: Sequence[str]) -> bool:

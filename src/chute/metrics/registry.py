@@ -112,14 +112,16 @@ def _group_label(key: str) -> str:
 
 
 class Custom(Metric):
-    """Adapts any object with init/update/merge/result to ``Metric``."""
+    """Adapts any object with init/update/merge/result to ``Metric``; ``columns`` (the
+    spec's ``columns:``) say what it reads when the object's ``columns()`` names nothing."""
 
     def __init__(self, inner: MetricLike, name: str, columns: Sequence[str] = ()) -> None:
         self.inner, self.name, self._columns = inner, name, list(columns)
 
     def columns(self) -> list[str]:
+        """What the object's ``columns()`` names, else the spec's ``columns:``."""
         found = getattr(self.inner, "columns", None)
-        return list(found()) if callable(found) else self._columns
+        return (list(found()) if callable(found) else []) or self._columns
 
     def init(self) -> State:
         return self.inner.init()
@@ -221,7 +223,7 @@ def _custom(kind: str, options: dict[str, Any]) -> Metric:
     name = options.pop("name", None) or kind.rpartition(":")[2]
     columns = options.pop("columns", ())
     made = _instantiate(import_string(kind), kind, options)
-    if isinstance(made, Metric):
+    if isinstance(made, Metric) and (made.columns() or not columns):
         made.name = name
         return made
     if not isinstance(made, MetricLike):
