@@ -504,3 +504,68 @@ def test_a_failing_custom_metric_is_named(tmp_path: Path, metric: M.Metric, mess
     """These were "unexpected" errors that named neither the metric nor the fix."""
     with pytest.raises(chute.ChuteError, match=message):
         _custom_job(tmp_path, metric).run()
+
+
+def _never_called(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise AssertionError("the model ran: the metric's column type was not checked first")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("metric", "message"),
+    [
+        pytest.param(
+            M.AucRoc("tag", "m_score"), "'auc_roc' needs numbers .* 'tag'.* string", id="auc"
+        ),
+        pytest.param(M.Regression("tag", "m_score", name="mse"), "'mse' needs numbers", id="mse"),
+        pytest.param(M.Histogram("tag"), "'histogram' needs numbers", id="histogram"),
+        pytest.param(
+            M.Multiclass("x", "m_proba", name="multiclass_accuracy"),
+            "needs integer class indexes in 'x', but the input column is double",
+            id="multiclass-label",
+        ),
+        pytest.param(M.metric_from_spec({"type": "mean", "column": "tag"}), "'mean'", id="mean"),
+        pytest.param(
+            M.Sliced(M.LogLoss("tag", "m_score"), "x"), "'log_loss' needs numbers", id="sliced"
+        ),
+    ],
+)
+def test_a_metric_on_an_input_column_of_the_wrong_type_fails_before_compute(
+    tmp_path: Path, metric: M.Metric, message: str
+) -> None:
+    """These failed only once the models had loaded and batches run; ``chute validate``
+    and ``chute plan`` passed them (and ``mean`` of a string column reported null)."""
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0], "tag": ["a", "b"]}), path)
+    job = chute.Job(
+        source=chute.FileSource(str(path)),
+        models=(chute.Model("m", _never_called, inputs=("x",), batch_format="numpy"),),
+        metrics=(metric,),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(chute.ConfigError, match=message):
+        job.run()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_column_metrics_of_a_decimal_column_read_it_as_floats(tmp_path: Path) -> None:
+    """``mean`` of a decimal column reported null without a word."""
+    from decimal import Decimal
+
+    prices = pa.array([Decimal("1.50"), Decimal("2.25"), None], pa.decimal128(10, 2))
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0, 3.0], "price": prices}), path)
+    specs = [{"type": kind, "column": "price"} for kind in ("mean", "sum", "min", "max")]
+    report = chute.Job(
+        source=chute.FileSource(str(path)),
+        models=(chute.Model("m", _score_again, inputs=("x",), batch_format="numpy"),),
+        metrics=(*map(M.metric_from_spec, specs), M.Regression("price", "m_score")),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    ).run()
+    found = report.metrics["dataset"]
+    assert (found["mean"]["mean"], found["sum"]["sum"]) == (1.875, 3.75)
+    assert (found["min"]["min"], found["max"]["max"]) == (1.5, 2.25)
+    assert report.metrics["m"]["regression"]["count"] == 2

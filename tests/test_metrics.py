@@ -779,7 +779,7 @@ def test_custom_spec_errors(tmp_path: Path, options: dict[str, Any], message: st
 
 def _spec_for(kind: str) -> dict[str, Any]:
     cls = METRICS[kind]
-    if cls in (ColumnStats, Histogram):
+    if issubclass(cls, (ColumnStats, Histogram)):
         return {"type": kind, "column": "score"}
     if cls is Multiclass:
         return {"type": kind, "label": "y_class", "score": "proba"}

@@ -27,6 +27,7 @@ from chute.formats import csv_error, nested
 from chute.job import BatchFormat, JobSpec, Model, Preprocess, Sink
 from chute.job.values import show_bytes
 from chute.metrics import Metric, Sliced
+from chute.metrics.base import check_column_kind
 from chute.models import AdapterSpec
 from chute.sinks import Output
 from chute.sources import (
@@ -338,6 +339,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
     _check_csv(job, schema, carry)
     _check_answers(job)
     read_columns = _read_columns(job, schema, carry)
+    _check_metric_types(job, schema)
     units = job.source.plan()
     if not units:
         raise DataError("the input has no units to read: the dataset is empty.")
@@ -541,6 +543,19 @@ def _metric_columns(job: JobSpec, schema: pa.Schema) -> set[str]:
             unknown, [*schema.names, *(f"{m}_…" for m in models)], "metrics"
         )
     return columns
+
+
+def _check_metric_types(job: JobSpec, schema: pa.Schema) -> None:
+    """Each input column a metric reads holds what the metric needs (numbers, integer
+    labels, lists of class scores): a string label failed only once the models had loaded
+    and the first batches run. A preprocess step may remake the columns: then the writers'
+    batches say."""
+    if job.preprocess is not None:
+        return
+    for metric in job.metrics:
+        for column, kind in metric.column_kinds().items():
+            if column in schema.names:
+                check_column_kind(metric.name, column, schema.field(column).type, kind)
 
 
 def _reads_every_column(metric: Metric) -> bool:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from chute.metrics.base import MAX_CURVE_POINTS, Metric, MetricLike
 from chute.metrics.binary import AucRoc, Brier, Calibration, Confusion, LogLoss, PrAuc, ScoreSketch
-from chute.metrics.columns import ColumnStats, Histogram
+from chute.metrics.columns import ColumnStats, Histogram, NumericStats
 from chute.metrics.multiclass import Multiclass
 from chute.metrics.registry import METRICS, Custom, Sliced, metric_from_spec
 from chute.metrics.regression import Regression
@@ -88,6 +88,7 @@ __all__ = [
     "Metric",
     "MetricLike",
     "Multiclass",
+    "NumericStats",
     "PrAuc",
     "Regression",
     "ScoreSketch",

@@ -51,6 +51,11 @@ class Metric:
         """The columns this metric reads from a batch."""
         return []
 
+    def column_kinds(self) -> dict[str, str]:
+        """What each column it reads must hold, one of :data:`KINDS`: planning checks the
+        input columns against it, so a wrong type fails before any model loads."""
+        return {}
+
     def init(self) -> State:
         """The state of no rows: the identity of ``merge``."""
         raise NotImplementedError
@@ -82,8 +87,12 @@ def _column(table: pa.Table, name: str, metric: str) -> pa.ChunkedArray:
 
 
 def _is_numeric(type_: pa.DataType) -> bool:
+    """Integers, floats, booleans and decimals (read as floats)."""
     return bool(
-        pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
+        pa.types.is_integer(type_)
+        or pa.types.is_floating(type_)
+        or pa.types.is_boolean(type_)
+        or pa.types.is_decimal(type_)
     )
 
 
@@ -93,6 +102,45 @@ def _is_list(type_: pa.DataType) -> bool:
         or pa.types.is_list(type_)
         or pa.types.is_large_list(type_)
     )
+
+
+KINDS = {
+    "numeric": "numbers (integers, floats, booleans or decimals)",
+    "integer": "integer class indexes",
+    "class scores": "a list of per-class scores per row",
+}
+"""What a metric may need a column to hold (:meth:`Metric.column_kinds`), in words."""
+
+_FIXES = {
+    "numeric": "map it to numbers first (in a preprocess step), or point the metric at "
+    "a numeric column",
+    "integer": "map the classes to integers 0, 1, … first (in a preprocess step)",
+    "class scores": "for one score per row use a binary metric (auc_roc, log_loss, …)",
+}
+
+
+def check_column_kind(metric: str, column: str, type_: pa.DataType, kind: str) -> None:
+    """Refuse a column of ``type_`` where ``metric`` needs ``kind`` (see :data:`KINDS`).
+    A column of the null type (every value missing) is any kind."""
+    if pa.types.is_dictionary(type_):
+        type_ = type_.value_type
+    if pa.types.is_null(type_) or _holds(type_, kind):
+        return
+    hint = ""
+    if kind == "numeric" and _is_list(type_):
+        hint = " (for class probabilities use multiclass_accuracy, top_k_accuracy or cross_entropy)"
+    raise ConfigError(
+        f"metric {metric!r} needs {KINDS[kind]} in {column!r}, but the input column is "
+        f"{type_}{hint}: {_FIXES[kind]}."
+    )
+
+
+def _holds(type_: pa.DataType, kind: str) -> bool:
+    if kind == "integer":
+        return bool(pa.types.is_integer(type_))
+    if kind == "class scores":
+        return _is_list(type_) and _is_numeric(type_.value_type)
+    return _is_numeric(type_)
 
 
 def _floats(table: pa.Table, name: str, metric: str) -> tuple[Floats, Mask]:

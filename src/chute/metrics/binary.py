@@ -45,6 +45,9 @@ class _Binary(Metric):
     def columns(self) -> list[str]:
         return [self.label, self.score]
 
+    def column_kinds(self) -> dict[str, str]:
+        return {self.label: "numeric", self.score: "numeric"}
+
     def _inputs(self, table: pa.Table) -> tuple[Floats, Floats, int]:
         """(labels, scores, rows skipped) over the usable rows of ``table``."""
         if self.score in table.column_names and _is_list(table.column(self.score).type):

@@ -90,6 +90,19 @@ class ColumnStats(Metric):
         }
 
 
+class NumericStats(ColumnStats):
+    """``ColumnStats`` of a column that must hold numbers: the ``sum``, ``mean``, ``min``
+    and ``max`` metric types. Of a text column those would be null without a word, so
+    planning refuses one; decimals are read as floats.
+
+    >>> NumericStats(column="fare_amount", name="mean")
+    <NumericStats 'mean' on fare_amount>
+    """
+
+    def column_kinds(self) -> dict[str, str]:
+        return {self.column: "numeric"}
+
+
 def _value_stats(x: Floats) -> State:
     """The numeric part of a ``ColumnStats`` state, for non-NaN values (±inf included)."""
     return {
@@ -180,6 +193,9 @@ class Histogram(Metric):
         if bins < 1 or not low < high:
             raise ConfigError(f"metric {self.name!r}: need bins >= 1 and range low < high.")
         self.edges = np.linspace(low, high, int(bins) + 1)
+
+    def column_kinds(self) -> dict[str, str]:
+        return {self.column: "numeric"}
 
     def columns(self) -> list[str]:
         return [self.column]

@@ -64,6 +64,9 @@ class Multiclass(Metric):
     def columns(self) -> list[str]:
         return [self.label, self.score]
 
+    def column_kinds(self) -> dict[str, str]:
+        return {self.label: "integer", self.score: "class scores"}
+
     def init(self) -> State:
         size = self.num_classes or 0
         return {

@@ -18,7 +18,7 @@ from chute.metrics.base import (
     _column,
 )
 from chute.metrics.binary import AucRoc, Brier, Calibration, Confusion, LogLoss, PrAuc
-from chute.metrics.columns import ColumnStats, Histogram
+from chute.metrics.columns import ColumnStats, Histogram, NumericStats
 from chute.metrics.multiclass import Multiclass
 from chute.metrics.regression import Regression
 from chute.metrics.state import (
@@ -47,6 +47,9 @@ class Sliced(Metric):
 
     def columns(self) -> list[str]:
         return [*self.metric.columns(), self.by]
+
+    def column_kinds(self) -> dict[str, str]:
+        return self.metric.column_kinds()
 
     def init(self) -> State:
         return {"groups": {}}
@@ -158,10 +161,10 @@ METRICS: dict[str, type[Metric]] = {
     "mean_prediction": Regression,
     "mean_label": Regression,
     "count": ColumnStats,
-    "sum": ColumnStats,
-    "mean": ColumnStats,
-    "min": ColumnStats,
-    "max": ColumnStats,
+    "sum": NumericStats,
+    "mean": NumericStats,
+    "min": NumericStats,
+    "max": NumericStats,
     "null_count": ColumnStats,
     "histogram": Histogram,
 }

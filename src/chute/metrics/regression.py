@@ -48,6 +48,9 @@ class Regression(Metric):
     def columns(self) -> list[str]:
         return [self.label, self.prediction]
 
+    def column_kinds(self) -> dict[str, str]:
+        return {self.label: "numeric", self.prediction: "numeric"}
+
     def init(self) -> State:
         return {"count": 0, "skipped": 0, **dict.fromkeys(self._SUMS, 0)}
 
