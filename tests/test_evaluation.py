@@ -569,3 +569,29 @@ def test_column_metrics_of_a_decimal_column_read_it_as_floats(tmp_path: Path) ->
     assert (found["mean"]["mean"], found["sum"]["sum"]) == (1.875, 3.75)
     assert (found["min"]["min"], found["max"]["max"]) == (1.5, 2.25)
     assert report.metrics["m"]["regression"]["count"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_max_groups_passed_mid_run_leaves_the_unit_uncounted(tmp_path: Path) -> None:
+    """The unit whose merge passed max_groups was counted before the merge raised: the
+    partial report said 4 units and 40 rows in where the ledger held 3."""
+    x = np.arange(60.0)
+    table = pa.table({"x": x, "y": (x % 2).astype(np.int8), "grp": (x // 10).astype(np.int64)})
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(table, unit_rows=10),  # one group per unit
+        models=(chute.Model("m", probability_of_x, inputs=("x",), batch_format="numpy"),),
+        metrics=(M.Sliced(M.LogLoss("y", "m_p"), "grp", max_groups=3),),
+        output=chute.Sink(str(out)),
+        engine="local",
+    )
+    with pytest.raises(chute.ConfigError, match=r"max_groups=3.*--overwrite"):
+        job.run()
+    committed = (out / "_chute" / "ledger.jsonl").read_text().splitlines()
+    report = json.loads((out / "_chute" / "report.json").read_text())
+    assert len(committed) == 3
+    assert (report["units_done"], report["rows_in"]) == (3, 30)
+
+
+def probability_of_x(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"p": batch["x"] / 100}

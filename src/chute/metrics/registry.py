@@ -95,8 +95,9 @@ class Sliced(Metric):
             raise ConfigError(
                 f"metric {self.name!r} sliced by {self.by!r}: the column has more than "
                 f"max_groups={self.max_groups} distinct values ({len(keys)} seen so far). "
-                f"Slice by a low-cardinality column, or raise max_groups in the metric's spec "
-                f"(each group keeps its own state)."
+                "Slice by a low-cardinality column, or raise max_groups in the metric's spec "
+                "(each group keeps its own state): that changes the job, so run it again "
+                "with --overwrite (a resume is refused; every unit is computed again)."
             )
 
 

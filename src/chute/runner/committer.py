@@ -271,7 +271,11 @@ class Committer:
         skipped = next((p.skipped for p in parts if p.skipped), "")
         rows = 0 if skipped else self._totals[index]
         failed = sum(p.error_rows for p in parts)
+        states = self._unit_states.pop(index, {})
+        merged = dict(self.metric_states)  # a merge that raises (max_groups passed) must
+        self.evaluation.merge(merged, [states])  # leave the unit uncounted, as uncommitted
         self._check_failures(index, rows, failed)
+        self.metric_states.update(merged)
         self.done.add(index)  # counted only once it is to be committed
         self.rows_in += rows
         self.rows_out += rows - failed
@@ -284,10 +288,8 @@ class Committer:
             "parts": list(dict.fromkeys(f for p in parts for f in (p.path, p.errors_path) if f)),
             "files": _files(parts),
         }
-        states = self._unit_states.pop(index, {})
         if states:
             entry["metrics"] = to_text(states)
-            self.evaluation.merge(self.metric_states, [states])
         if skipped:
             entry["skipped"] = skipped
             self.skipped.append({"unit": unit.id, "error": skipped})
