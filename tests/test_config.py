@@ -134,6 +134,43 @@ def test_an_unknown_metric_type_is_named_with_a_suggestion() -> None:
         job_from_dict(raw)
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        pytest.param(
+            {"by": "region", "max_groups": "abc"},
+            "metrics[0].max_groups: 'abc' is not a whole number of at least 1",
+            id="max-groups-text",
+        ),
+        pytest.param(
+            {"threshold": "high"}, "metrics[0].threshold: 'high' is not a number", id="threshold"
+        ),
+        pytest.param(
+            {"bins": "1e9"}, "metrics[0].bins: '1e9' is not a whole number", id="bins-as-text"
+        ),
+        pytest.param({"bins": 2.7}, "metrics[0].bins: 2.7 is not a whole number", id="bins-2.7"),
+        pytest.param(
+            {"score_range": [0]},
+            "metrics[0].score_range: [0] is not two numbers, low and high",
+            id="range",
+        ),
+        pytest.param({"label": ["y"]}, "metrics[0].label: ['y'] is not a column name", id="label"),
+    ],
+)
+def test_a_bad_metric_option_names_the_key_the_value_and_what_it_takes(
+    option: dict[str, Any], message: str
+) -> None:
+    """These said "invalid literal for int()", "could not convert string to float" or
+    "'<' not supported between 'str' and 'int'", naming neither key nor metric; bins: 2.7
+    became 2 in silence."""
+    spec = {"type": "accuracy", "label": "y", "score": "m_p", **option}
+    if "bins" in option or "score_range" in option:
+        spec["type"] = "auc_roc"
+    with pytest.raises(ConfigError) as info:
+        job_from_dict({**BASE, "metrics": [spec]})
+    assert message in str(info.value)
+
+
 @pytest.mark.parametrize("value", ["lots", 0, "12 parsecs"])
 def test_a_bad_batch_size_names_the_key_and_the_forms(value: Any) -> None:
     raw = {

@@ -823,7 +823,11 @@ def test_spec_with_by_is_sliced_and_keeps_its_options(table: pa.Table) -> None:
             id="option",
         ),
         pytest.param({"label": "y"}, "needs a 'type'", id="no-type"),
-        pytest.param({"type": "histogram", "column": "x", "bins": 0}, "bins >= 1", id="value"),
+        pytest.param(
+            {"type": "histogram", "column": "x", "bins": 0},
+            "option bins: 0 is not a whole number of at least 1",
+            id="value",
+        ),
     ],
 )
 def test_bad_specs_raise_config_errors(spec: dict[str, Any], message: str) -> None:

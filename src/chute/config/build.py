@@ -150,10 +150,14 @@ def _lives_in(target: str, base: str) -> bool:
 
 def _metric(index: int, spec: dict[str, Any], base: str) -> Any:
     from chute.metrics import metric_from_spec
+    from chute.metrics.registry import bad_option
 
     spec = dict(spec)
     if isinstance(spec.get("type"), str):
         spec["type"] = _resolve_fn(spec["type"], base)
+    problem = bad_option(spec)
+    if problem is not None:
+        raise ConfigError(f"metrics[{index}].{problem[0]}: {problem[1]}")
     try:
         return metric_from_spec(spec)
     except ConfigError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -183,9 +184,49 @@ def metric_from_spec(spec: Mapping[str, Any]) -> Metric:
     kind = options.pop("type", None)
     if not isinstance(kind, str):
         raise ConfigError(f"metric spec {dict(spec)!r} needs a 'type' (one of {_names()}).")
+    problem = bad_option(spec)
+    if problem is not None:
+        raise ConfigError(f"metric {kind!r} option {problem[0]}: {problem[1]}")
     by, max_groups = options.pop("by", None), options.pop("max_groups", 100)
     metric = _builtin(kind, options) if ":" not in kind else _custom(kind, options)
     return Sliced(metric, by, max_groups=max_groups) if by is not None else metric
+
+
+_WHOLE = {"bins": 1, "k": 1, "num_classes": 2, "max_groups": 1}
+"""Options of built-in metrics that take a whole number, and the least each takes."""
+_TEXT = ("label", "score", "prediction", "column", "by", "name")
+"""Options that name a column (or the metric)."""
+
+
+def bad_option(spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first option of a metric spec whose value a built-in option cannot take, as
+    (key, what is wrong and what it takes); None when all are sound. Without this,
+    ``max_groups: abc`` said "invalid literal for int()" and ``bins: 2.7`` became 2."""
+    builtin = ":" not in str(spec.get("type", ""))
+    for key, value in spec.items():
+        if key == "type" or (not builtin and key not in ("by", "max_groups")):
+            continue  # a custom metric's constructor takes its own options
+        what = _option_problem(key, value)
+        if what is not None:
+            return key, f"{value!r} is not {what}."
+    return None
+
+
+def _option_problem(key: str, value: Any) -> str | None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key in _WHOLE and not (value is None and key == "num_classes"):
+        least = _WHOLE[key]
+        if not (number and math.isfinite(value) and value == int(value) and value >= least):
+            return f"a whole number of at least {least} (e.g. {key}: {max(least, 10)})"
+    if key == "threshold" and not number:
+        return "a number (e.g. threshold: 0.5)"
+    if key in ("range", "score_range"):
+        pair = isinstance(value, list | tuple) and len(value) == 2
+        if not pair or not all(_option_problem("threshold", v) is None for v in value):
+            return f"two numbers, low and high (e.g. {key}: [0, 1])"
+    if key in _TEXT and not isinstance(value, str):
+        return "a column name" if key != "name" else "a name"
+    return None
 
 
 def _names() -> str:
@@ -218,7 +259,7 @@ def _construct(factory: Callable[..., Any], kind: str, options: dict[str, Any]) 
         )
     try:
         return factory(**options)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # a custom metric's constructor, say
         raise ConfigError(f"metric {kind!r}: {exc}") from exc
 
 
