@@ -150,6 +150,9 @@ def test_an_unknown_metric_type_is_named_with_a_suggestion() -> None:
         ),
         pytest.param({"bins": 2.7}, "metrics[0].bins: 2.7 is not a whole number", id="bins-2.7"),
         pytest.param(
+            {"bins": 10**9}, "metrics[0].bins: 1000000000 is not at most 1,048,576", id="bins-1e9"
+        ),
+        pytest.param(
             {"score_range": [0]},
             "metrics[0].score_range: [0] is not two numbers, low and high",
             id="range",
