@@ -235,7 +235,7 @@ class TableLedger(Ledger):
         """The batches among ``tokens`` that the table took: by its history, or failing
         that by their files (:meth:`_found_in_table`)."""
         assert self.table is not None
-        held = self.table.committed(tokens)
+        held = set(self.table.lineage(tokens).held)
         return held | self._found_in_table(tokens - held)
 
     def _found_in_table(self, tokens: set[str]) -> set[str]:
@@ -326,7 +326,7 @@ class TableLedger(Ledger):
         (a lost answer) — then this run cannot go on, and a resume confirms the batch."""
         assert self.table is not None
         try:
-            landed = token in self.table.committed({token})
+            landed = token in self.table.lineage({token}).held
         except Exception:
             landed = True  # unknown: stop, and let the resume look again
         if landed:

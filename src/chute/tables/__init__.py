@@ -251,6 +251,22 @@ def _partition_text(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime.date) else str(value)
 
 
+@dataclass(frozen=True)
+class Lineage:
+    """What a table's history says of some batch tokens: those its current state descends
+    from, and whether that was read back to the table's first commit.
+
+    Only commits the current state descends from count: one a rollback or restore went back
+    before is not in the table, though its entry is still in the history. Where the history
+    is ``whole``, a token not ``held`` is not in the table (never taken, undone, or the table
+    made again since); where it is not (snapshots expired, old log entries cleaned up, more
+    commits than a look reads), the history cannot tell.
+    """
+
+    held: frozenset[str]
+    whole: bool
+
+
 class Table(Protocol):
     """A table as the driver sees it: one implementation per format."""
 
@@ -260,8 +276,9 @@ class Table(Protocol):
     def schema(self) -> pa.Schema | None:
         """The table's schema as Arrow, or ``None`` while the table does not exist."""
 
-    def committed(self, tokens: set[str]) -> set[str]:
-        """Which of these batch tokens a commit in the table's history holds."""
+    def lineage(self, tokens: set[str]) -> Lineage:
+        """Which of these batch tokens a commit that the table's current state descends
+        from holds (:class:`Lineage`)."""
 
     def holds(self, paths: set[str]) -> set[str]:
         """Which of these data files (relative to the table's location) the table's current

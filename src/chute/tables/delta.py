@@ -2,7 +2,8 @@
 
 A batch is one write transaction of ``add`` actions for the Parquet files the workers
 wrote (the table is created by the first one); chute's keys go into the commit info's
-custom metadata, which ``DeltaTable.history()`` gives back.
+custom metadata, which ``DeltaTable.history()`` gives back. A look for a batch follows the
+log back from the current version, and a RESTORE back to the version it restored.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from deltalake.transaction import (
 
 from chute.errors import DataError
 from chute.storage import StorageOptions, read, resolve, scheme_of
-from chute.tables import BATCH_KEY, DataFile, TableSink
+from chute.tables import BATCH_KEY, DataFile, Lineage, TableSink
 
 LOG_READS = 1_000
 """How many of the latest commits a look for a batch reads (a batch being resolved is
@@ -75,25 +76,38 @@ class Delta:
                 "without them, or write Parquet files and load them with the table's own tools."
             )
 
-    def committed(self, tokens: set[str]) -> set[str]:
-        """The tokens among the commit infos of the last :data:`LOG_READS` commits, read
-        from the log's own JSON files, newest first, until every token is found.
+    def lineage(self, tokens: set[str]) -> Lineage:
+        """The tokens among the commit infos of the commits the current version descends
+        from, read from the log's own JSON files, newest first, until every token is found
+        (at most :data:`LOG_READS` files). A RESTORE goes back to the version it restored:
+        the commits between are not in the table. Whole where version 0 was read.
 
         Not ``DeltaTable.history()``: deltalake 1.6 answers it with ``Generic S3 error``
         against moto's S3 (where loading and writing the table work), and a resume must
         not depend on it."""
         table = self._load()
         if table is None or not tokens:
-            return set()
+            return Lineage(frozenset(), whole=True)
         fs, root = resolve(self.location, self.sink.storage)
         found: set[str] = set()
-        latest = table.version()
-        for version in range(latest, max(-1, latest - LOG_READS), -1):
-            log = read(fs, f"{root}/_delta_log/{version:020d}.json") or b""
-            found |= {t for t in _tokens(log) if t in tokens}
-            if found == tokens:
+        version, until = table.version(), None
+        for _ in range(LOG_READS):
+            if version < 0 or found == tokens:
+                return Lineage(frozenset(found), whole=True)
+            log = read(fs, f"{root}/_delta_log/{version:020d}.json")
+            if log is None:  # cleaned up (a checkpoint holds the state): history ends here
                 break
-        return found
+            info = _commit_info(log)
+            if until is not None and int(info.get("timestamp") or 0) > until:
+                version -= 1  # after the time a RESTORE went back to
+                continue
+            until = None
+            if info.get("operation") == "RESTORE":
+                version, until = _restored(info, version)
+                continue
+            found |= {t for t in _tokens(log) if t in tokens}
+            version -= 1
+        return Lineage(frozenset(found), whole=found == tokens)
 
     def holds(self, paths: set[str]) -> set[str]:
         table = self._load()
@@ -141,6 +155,25 @@ class Delta:
 
 def _stats(rows: int) -> str:
     return json.dumps({"numRecords": rows})
+
+
+def _commit_info(log: bytes) -> dict[str, Any]:
+    """One commit file's ``commitInfo`` (empty where it has none)."""
+    for line in log.decode().splitlines():
+        if '"commitInfo"' in line:
+            info = json.loads(line).get("commitInfo")
+            return info if isinstance(info, dict) else {}
+    return {}
+
+
+def _restored(info: dict[str, Any], version: int) -> tuple[int, int | None]:
+    """Where a RESTORE commit at ``version`` went back to: the version it restored, or
+    (restored to a time) the version before it and the time, in milliseconds, that the
+    commits it kept are no later than."""
+    params = info.get("operationParameters") or {}
+    if "version" in params:
+        return int(params["version"]), None
+    return version - 1, int(params.get("datetime") or params.get("timestamp") or 0)
 
 
 def _tokens(log: bytes) -> list[str]:

@@ -4,7 +4,8 @@ for local use and tests).
 A batch is one fast append of the Parquet files the workers wrote (``add_files``: their
 footers give the statistics, no row is read), whose snapshot summary carries chute's
 keys. A resume looks for a batch's token in the summaries of the current snapshot and its
-ancestors: a snapshot rolled back is not in the table.
+ancestors: a snapshot rolled back is not in the table, and a table dropped and made again
+has none of them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from chute.tables import (
     IDENTITY,
     TRANSFORMS,
     DataFile,
+    Lineage,
     PartitionField,
     TableSink,
     partition_fields,
@@ -53,16 +55,19 @@ class Iceberg:
         table = self._load()
         return None if table is None else schema_to_pyarrow(table.schema(), include_field_ids=False)
 
-    def committed(self, tokens: set[str]) -> set[str]:
+    def lineage(self, tokens: set[str]) -> Lineage:
+        """The tokens in the summaries of the current snapshot and its ancestors; whole
+        where the oldest of them is the table's first (no parent: none expired)."""
         table = self._load()
         if table is None or not tokens:
-            return set()
-        found = set()
+            return Lineage(frozenset(), whole=True)
+        found, oldest = set(), None
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            oldest = snapshot
             token = snapshot.summary.get(BATCH_KEY) if snapshot.summary else None
             if token in tokens:
                 found.add(token)
-        return found
+        return Lineage(frozenset(found), whole=oldest is None or oldest.parent_snapshot_id is None)
 
     def holds(self, paths: set[str]) -> set[str]:
         table = self._load()

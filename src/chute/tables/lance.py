@@ -23,7 +23,7 @@ from lance import LanceOperation
 from lance.fragment import FragmentMetadata
 
 from chute.storage import StorageOptions, resolve
-from chute.tables import BATCH_KEY, DATA_DIR, DataFile, TableSink
+from chute.tables import BATCH_KEY, DATA_DIR, DataFile, Lineage, TableSink
 from chute.tables.delta import storage_options
 
 TRANSACTIONS_PER_READ = 1_000
@@ -77,16 +77,28 @@ class Lance:
         dataset = self._load()
         return None if dataset is None else dataset.schema
 
-    def committed(self, tokens: set[str]) -> set[str]:
+    def lineage(self, tokens: set[str]) -> Lineage:
+        """The tokens among the properties of the transactions the current version descends
+        from (of the last :data:`TRANSACTIONS_PER_READ`): a ``Restore`` goes back to the
+        version it restored, and the versions between are not in the dataset. Whole where
+        version 1 was read (none cleaned up)."""
         dataset = self._load()
         if dataset is None or not tokens:
-            return set()
-        found = set()
-        for transaction in dataset.get_transactions(TRANSACTIONS_PER_READ):
-            props = (transaction.transaction_properties or {}) if transaction else {}
+            return Lineage(frozenset(), whole=True)
+        latest = dataset.version
+        recent = dataset.get_transactions(TRANSACTIONS_PER_READ)  # newest first, one a version
+        transactions = {latest - i: t for i, t in enumerate(recent)}
+        found: set[str] = set()
+        version = latest
+        while version >= 1 and (transaction := transactions.get(version)) is not None:
+            if isinstance(transaction.operation, LanceOperation.Restore):
+                version = transaction.operation.version
+                continue
+            props = transaction.transaction_properties or {}
             if props.get(BATCH_KEY) in tokens:
                 found.add(props[BATCH_KEY])
-        return found
+            version -= 1
+        return Lineage(frozenset(found), whole=version < 1)
 
     def holds(self, paths: set[str]) -> set[str]:
         dataset = self._load()
