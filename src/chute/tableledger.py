@@ -22,12 +22,18 @@ in the table's current state: there, the batch is confirmed now; absent, its uni
 forgotten and recomputed, and their files removed as orphans. A batch tried again within
 a run (its confirmation failed, or an interrupt came after step 1) is looked for the
 same way before anything is added. So every unit is in the table once, however the
-driver dies or a step fails, and the table's history is consulted only for a batch whose
-try did not finish (a table's history can be expired; chute's ledger is not).
+driver dies or a step fails.
+
+A run that opens the ledger also asks the table whether it still holds the confirmed
+batches (:meth:`TableLedger._forget_lost`): a table dropped, made again, or rolled back to
+before some of them has lost their rows, and their units are computed again. Where the
+table's history is cut short (expired, cleaned up) and its files rewritten by a
+compaction, nothing tells, and the ledger is trusted (a table's history can be expired;
+chute's ledger is not).
 
 chute never deletes a row from a table: ``--overwrite`` cannot redo a job that committed
-rows, and a table's committed units are trusted without a listing (the table owns those
-files; compaction may have rewritten them).
+rows, and a table's committed units are trusted without a listing of chute's files (the
+table owns those files; compaction may have rewritten them).
 """
 
 from __future__ import annotations
@@ -114,16 +120,7 @@ class TableLedger(Ledger):
         if not ledger.objects:
             ledger._mend_last_line()
         ledger._resolve()
-        if ledger._entries and ledger._schema is None:
-            # Units this job committed to a table that is not there any more (dropped, or
-            # its files removed): their rows are gone, and they are computed again.
-            log.warning(
-                "%s does not exist any more: the %d unit(s) this job committed to it are "
-                "computed again",
-                ledger._name(),
-                len(ledger._entries),
-            )
-            ledger._entries = {}
+        ledger._forget_lost()
         return ledger
 
     # ------------------------------------------------------------------ opening
@@ -253,6 +250,47 @@ class TableLedger(Ledger):
         assert self.table is not None
         present = self.table.holds(set().union(*files.values()))
         return {t for t, paths in files.items() if paths & present}
+
+    def _forget_lost(self) -> None:
+        """Forget the units whose confirmed batch the table no longer holds, so they are
+        computed again: the table dropped (or its files removed), dropped and made again,
+        or rolled back (restored) to a version before the batch. Trusted, these units made
+        a resume lose their rows, and a finished job run again say "nothing to do" over a
+        table without them.
+
+        A batch is held where a commit the table's current version descends from names it,
+        or failing that where the table names its files. Where neither shows it and the
+        history was read back to the table's first commit, it is not in the table; where
+        the history is cut short (snapshots expired, the log cleaned up: routine upkeep,
+        with compaction rewriting the files), nothing tells, and the batch is trusted."""
+        assert self.table is not None
+        tokens = {e["batch"] for e in self._entries.values() if "batch" in e}
+        if not tokens:
+            return
+        if self._schema is None:  # no table at all: every batch is gone
+            lost = tokens
+        else:
+            lineage = self.table.lineage(tokens)
+            lost = tokens - lineage.held
+            lost -= self._found_in_table(lost)
+            if lost and not lineage.whole:
+                log.info(
+                    "%d batch(es) of this job are neither in what %s's history still shows "
+                    "nor in its files (expired, compacted): trusted as committed",
+                    len(lost),
+                    self._name(),
+                )
+                return
+        gone = [unit for unit, e in self._entries.items() if e.get("batch") in lost]
+        if gone:
+            log.warning(
+                "%s no longer holds %d unit(s) this job committed to it (it was dropped, made "
+                "again, or rolled back to a version before them): they are computed again",
+                self._name(),
+                len(gone),
+            )
+        for unit in gone:
+            del self._entries[unit]
 
     def _staged(self, entry: dict[str, Any]) -> bool:
         return "batch" in entry and entry["batch"] not in self._confirmed

@@ -57,7 +57,12 @@ class Iceberg:
 
     def lineage(self, tokens: set[str]) -> Lineage:
         """The tokens in the summaries of the current snapshot and its ancestors; whole
-        where the oldest of them is the table's first (no parent: none expired)."""
+        where the oldest of them is the table's first commit (sequence number 1), or the
+        table has no snapshot.
+
+        Not "the oldest has no parent": pyiceberg's ``overwrite`` of a whole table makes a
+        snapshot without one, whose ancestors, expired, held this job's batches. A format
+        v1 table numbers no snapshots: its history is taken as whole only while empty."""
         table = self._load()
         if table is None or not tokens:
             return Lineage(frozenset(), whole=True)
@@ -67,7 +72,8 @@ class Iceberg:
             token = snapshot.summary.get(BATCH_KEY) if snapshot.summary else None
             if token in tokens:
                 found.add(token)
-        return Lineage(frozenset(found), whole=oldest is None or oldest.parent_snapshot_id is None)
+        whole = oldest is None or oldest.sequence_number == 1
+        return Lineage(frozenset(found), whole=whole)
 
     def holds(self, paths: set[str]) -> set[str]:
         table = self._load()
