@@ -427,6 +427,30 @@ def test_an_unfinished_job_is_not_mixed_with_another(fmt: str, data: Path, tmp_p
     assert len(read_table(sink)) == ROWS + held * ROWS_PER_UNIT
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_job_left_unfinished_by_overwrite_is_not_finished_over_the_newer_rows(
+    fmt: str, data: Path, tmp_path: Path
+) -> None:
+    """Job A killed after two commits; job B (a model setting changed) run with
+    --overwrite, which leaves A unfinished, and finished. A run again without a flag
+    resumed and added its other units on top of B's rows (8,000 rows of 4,000 ids, exit
+    0): it is refused, naming why, and the table is left as it is."""
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    first = _job_file(tmp_path / "a.json", data, sink)
+    died = _run([str(TABLE_CHAOS), "committed", "2", str(first)])
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    changed = _job_file(tmp_path / "b.json", data, sink, delay=0.0)
+    done = _run(["-m", "chute", "run", str(changed), "-q", "--overwrite"])
+    assert done.returncode == 0, done.stderr
+    rows = len(read_table(sink))
+    again = _run(["-m", "chute", "run", str(first), "-q"])
+    assert again.returncode == 5, again.stderr
+    said = " ".join(again.stderr.split())
+    assert "left unfinished" in said and "would add them again" in said
+    assert len(read_table(sink)) == rows
+
+
 # --------------------------------------------------------------------------- kills
 
 
