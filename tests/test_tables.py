@@ -406,7 +406,9 @@ def test_a_second_run_on_a_table_is_refused(fmt: str, data: Path, tmp_path: Path
 @pytest.mark.parametrize("fmt", ["iceberg", "lance"])
 def test_an_unfinished_job_is_not_mixed_with_another(fmt: str, data: Path, tmp_path: Path) -> None:
     """A job killed half-way and a changed job on the same table: refused, naming the
-    change; --overwrite leaves the first unfinished (its rows stay) and appends."""
+    change and that the first job's rows of the same input would be in the table a second
+    time; --overwrite leaves the first unfinished (its rows stay), appends, and warns. (The
+    refusal did not say so, and --overwrite's help said it replaced the earlier results.)"""
     sink = table_sink(fmt, tmp_path, commit_seconds=0)
     path = _job_file(tmp_path / "job.json", data, sink, delay=0.2)
     proc = start_driver(path, driver_env())
@@ -421,10 +423,15 @@ def test_an_unfinished_job_is_not_mixed_with_another(fmt: str, data: Path, tmp_p
     changed = _job_file(tmp_path / "changed.json", data, sink, delay=0.0)
     refused = _run(["-m", "chute", "run", str(changed), "-q"])
     assert refused.returncode == 5
-    assert "unfinished chute job (changed: models[0]" in " ".join(refused.stderr.split())
+    said = " ".join(refused.stderr.split())
+    assert "unfinished chute job (changed: models[0]" in said
+    assert "would be in the table a second time" in said
     done = _run(["-m", "chute", "run", str(changed), "-q", "--overwrite"])
     assert done.returncode == 0, done.stderr
+    assert "those rows are in the table twice" in " ".join(done.stderr.split())
     assert len(read_table(sink)) == ROWS + held * ROWS_PER_UNIT
+    helped = _run(["-m", "chute", "run", "--help"])
+    assert "A table's rows are never deleted" in " ".join(helped.stdout.split())
 
 
 @pytest.mark.timeout(180)

@@ -159,7 +159,12 @@ def _load(job_file: str, **opts: Any) -> Job:
 @click.option(
     "--overwrite",
     is_flag=True,
-    help="Replace the earlier results in the output (deleted at this run's first commit).",
+    help=(
+        "Replace the earlier results in the output (deleted at this run's first commit). "
+        "A table's rows are never deleted: there it adds this job's rows even where the "
+        "table holds another job's rows of the same input (they are then in it twice), "
+        "leaving an unfinished job unfinished."
+    ),
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show Ray's own progress bars and logs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

@@ -187,13 +187,29 @@ class TableLedger(Ledger):
         """Another job of this table left unfinished: refused (rows of two jobs would mix
         in silence), or abandoned with ``overwrite`` (its committed rows stay)."""
         for folder, owner in self._unfinished_others():
+            before = owner.get("job", {})
+            shared = _same_input(before.get("source"), description.get("source"))
             if not overwrite:
-                changed = describe_changes(owner.get("job", {}), description)
+                twice = (
+                    f" It read this job's input ({shared}): with --overwrite the rows it "
+                    "committed would be in the table a second time (chute never deletes rows "
+                    "from a table; delete them with the table's own tools first to replace them)."
+                    if shared
+                    else ""
+                )
                 raise JobStateError(
-                    f"{self._name()} holds an unfinished chute job (changed: {changed}); "
-                    "this run would mix its rows with that job's. Run that job again to finish "
-                    "it, or pass --overwrite to leave it unfinished (the rows it committed stay "
-                    "in the table)."
+                    f"{self._name()} holds an unfinished chute job (changed: "
+                    f"{describe_changes(before, description)}); this run would mix its rows with "
+                    "that job's. Run that job again to finish it, or pass --overwrite to leave it "
+                    f"unfinished (the rows it committed stay in the table).{twice}"
+                )
+            if shared:
+                log.warning(
+                    "%s holds rows an unfinished job committed from this job's input (%s); "
+                    "told --overwrite, this run leaves them and adds its own: those rows are in "
+                    "the table twice",
+                    self._name(),
+                    shared,
                 )
             self._guard()
             self._write(f"{folder}/{ABANDONED}", b"")
