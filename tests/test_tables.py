@@ -705,6 +705,17 @@ def test_a_partitioned_table_is_split_by_partition_value_and_resumes_exactly_onc
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timeout(120)
+def test_an_empty_string_in_a_delta_partition_column_is_refused(tmp_path: Path) -> None:
+    """Delta keeps an empty partition value as null: the rows were read back with null
+    in that column, and the run was complete."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [0, 1, 2], "x": [0.5, 1.5, 2.5], "s": ["a", "", "b"]}), source)
+    sink = table_sink("delta", tmp_path, partition_by=("s",))
+    with pytest.raises(chute.DataError, match="partition column 's' holds an empty string"):
+        job(source, sink, carryover=("id", "s")).run()
+
+
 def test_partition_specs_a_format_cannot_hold_are_refused() -> None:
     with pytest.raises(chute.ConfigError, match="lance tables have no partitions"):
         TableSink("t.lance", format="lance", partition_by=("tag",))

@@ -263,9 +263,10 @@ class PartWriter:
         in_log = [f.column for f in fields] if self.sink.format == "delta" else []
         files = []
         for piece in split(data, fields):
+            values = partition_values(piece, fields) if in_log else {}  # Delta's log only
             stored = piece.drop_columns(in_log)
             path, size = self._put(stored, unit, start, self._folder(errors=False))
-            files.append((path, piece.num_rows, size, partition_values(piece, fields)))
+            files.append((path, piece.num_rows, size, values))
         info = part_info(data.schema, files=files)
         return files[0][0], sum(f[2] for f in files), info
 

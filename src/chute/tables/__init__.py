@@ -231,12 +231,23 @@ def _key(column: pa.ChunkedArray, transform: str) -> pa.ChunkedArray:
 
 
 def partition_values(piece: pa.Table, fields: Sequence[PartitionField]) -> dict[str, str | None]:
-    """A piece's value of each identity field, as Delta's log writes partition values."""
-    return {
-        f.column: _partition_text(piece.column(f.column)[0].as_py())
-        for f in fields
-        if f.transform == IDENTITY
-    }
+    """A piece's value of each identity field, as Delta's log writes partition values.
+
+    An empty string is refused: Delta reads an empty partition value as null, so the rows
+    would be read back with null in that column (and filtered as null)."""
+    values = {}
+    for f in fields:
+        if f.transform == IDENTITY:
+            value = piece.column(f.column)[0].as_py()
+            if value == "":
+                raise DataError(
+                    f"partition column {f.column!r} holds an empty string, which a delta "
+                    "table keeps as null: its rows would be read back with null there. Give "
+                    "them a value (or null) in the model or preprocess step, or partition by "
+                    "another column."
+                )
+            values[f.column] = _partition_text(value)
+    return values
 
 
 def _partition_text(value: Any) -> str | None:
