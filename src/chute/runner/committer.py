@@ -62,9 +62,14 @@ class Committer:
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         """(seconds since start, rows written) as parts arrive: the rate over the run."""
         self._files: set[str] = set()
-        self._columns: dict[str, str] | None = None
-        """The columns and types of the parts accepted so far (all-null ones: "null")."""
         """The data files written (a file shared by several units counts once)."""
+        self._columns: dict[str, str] | None = None
+        """The columns and types of the parts accepted so far (all-null ones: "null"), those
+        of earlier runs included (:meth:`absorb`)."""
+        self._noted: dict[str, str] | None = None
+        """The columns as the ledger last noted them: a line notes them when they change."""
+        self._absorbed = False
+        """Whether columns of parts an earlier run committed are among those known."""
         self.write = StageStats()
         self.counted: dict[str, float] = {}
         """What the models counted so far, over every stage (for the progress line)."""
@@ -108,18 +113,25 @@ class Committer:
         agree (a part whose column is all null takes any type). Each replica types a
         model's outputs from the first batch it sees, and on Ray each worker process has
         its own: two of them may differ, where one replica would have refused the batch."""
-        if not record.columns:
-            return
-        got = {name: kind for name, kind in json.loads(record.columns)}
-        self.saw_null = self.saw_null or "null" in got.values()
+        if record.columns:
+            self.saw_null = self.saw_null or _has_null(record.columns)
+            self._agree(json.loads(record.columns), f"unit {record.unit}'s part")
+
+    def _agree(self, columns: list[list[str]], whose: str) -> None:
+        """Take ``columns`` (name, type pairs) into those known, or refuse them. Those of
+        the parts an earlier run committed are known too: without them a resume wrote a
+        unit's column as float64 beside the int64 files before it, and the output, marked
+        complete, could not be read as one dataset."""
+        got = {name: kind for name, kind in columns}
         known = self._columns
         if known is None:
             self._columns = got
             return
+        earlier = " (those an earlier run committed among them)" if self._absorbed else ""
         if set(got) != set(known):
             raise ModelError(
-                f"unit {record.unit}'s part has the columns {', '.join(sorted(got))}, the parts "
-                f"before it {', '.join(sorted(known))}: a model returned other columns there. "
+                f"{whose} has the columns {', '.join(sorted(got))}, the parts before it"
+                f"{earlier} {', '.join(sorted(known))}: a model returned other columns there. "
                 "Return the same columns in every batch (a value it has none for can be null)."
             )
         for name, kind in got.items():
@@ -129,13 +141,14 @@ class Committer:
                 known[name] = kind
                 continue
             raise ModelError(
-                f"the output column {name!r} is {known[name]} in the parts written so far but "
-                f"{kind} in unit {record.unit}'s: a model returned another type there (each "
+                f"the output column {name!r} is {known[name]} in the parts written so far"
+                f"{earlier} but {kind} in {whose}: a model returned another type there (each "
                 "replica takes the type of the first batch it sees, and on Ray each worker "
                 "process has its own), and the files of one output would disagree. Return one "
                 "type in every batch (such as .astype('float64')), or give the model pyarrow "
                 "batches (with numpy or pandas, an integer column with a null arrives as "
-                "float64 in that batch only)."
+                "float64 in that batch only)"
+                + ("; then run with --overwrite, or the parts committed stay." if earlier else ".")
             )
 
     def add(
@@ -296,6 +309,9 @@ class Committer:
         # the files to type once the column's type is known (chute.runner.retype); on every
         # line, so that a line without it (an older chute's) has its files' footers read
         entry["nulls"] = sorted({p.path for p in parts if p.path and _has_null(p.columns)})
+        if self._columns is not None and self._columns != self._noted:  # for a resume
+            entry["columns"] = sorted(self._columns.items())
+            self._noted = dict(self._columns)
         tables = [json.loads(p.table) for p in parts if p.table]
         if tables:  # a table output: the parts' schemas (and Lance fragments) to commit
             entry["table"] = tables
@@ -364,10 +380,17 @@ class Committer:
         )
 
     def absorb(self, entries: Iterable[dict[str, Any]]) -> None:
-        """Merge the metric states of units committed by earlier runs (a resume)."""
+        """Merge the metric states and the output columns of units committed by earlier
+        runs (a resume)."""
+        entries = list(entries)
         self.evaluation.merge(
             self.metric_states, [from_text(e.get("metrics", "")) for e in entries]
         )
+        for entry in entries:
+            if entry.get("columns"):
+                self._agree(entry["columns"], f"the parts of unit {entry['unit']!r}")
+                self._absorbed = True
+        self._noted = None if self._columns is None else dict(self._columns)
 
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]
