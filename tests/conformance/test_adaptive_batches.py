@@ -62,6 +62,7 @@ def test_auto_grows_from_a_small_start_and_predicts_as_a_fixed_size(
     assert stats.batch_auto and stats.batch_start == 16 and stats.resizes >= 2
     assert stats.batch_rows is not None and stats.batch_rows > 16
     assert stats.oom_splits == 0 and stats.calls > 1
+    assert stats.batches == stats.calls  # on Ray a block's calls, not one a block
     text = " ".join(report.render(width=240).split())
     assert f"batch settled at {stats.batch_rows:,} rows (auto, from 16: " in text
     assert "no out-of-memory split" in text and "rows a batch on average" in text

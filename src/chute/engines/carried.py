@@ -93,7 +93,8 @@ def carry(
     same columns, so blocks that Ray Data joins always share a schema."""
     n = table.num_rows
     share = 1.0 / n if n else 0.0
-    columns = {_BUSY: np.full(n, seconds * share), _BATCHES: np.full(n, share)}
+    batches = 1.0 if batching is None else model_batches(batching)
+    columns = {_BUSY: np.full(n, seconds * share), _BATCHES: np.full(n, batches * share)}
     if batching is not None:
         for kind, value in batching_entry(batching).items():
             columns[kind] = np.full(n, value if kind == _BATCH_ROWS else value * share)
@@ -103,6 +104,13 @@ def carry(
         text = [encode_counters(counters or {})] + [None] * (n - 1) if n else []
         table = table.append_column(f"{PREFIX}{stage}:{_COUNTERS}", pa.array(text, pa.string()))
     return table
+
+
+def model_batches(batching: Batching) -> float:
+    """The batches a model stage cut a block into: its calls that fitted, less those an
+    out-of-memory split added (one per split), at least one. Counted as one a block, the
+    report said "10,000 rows a batch on average" of ten calls over 60,000 rows."""
+    return float(max(batching.calls - batching.oom_splits, 1))
 
 
 def batching_entry(batching: Batching) -> dict[str, float]:

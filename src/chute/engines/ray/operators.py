@@ -369,7 +369,11 @@ class ModelActor:
             return carried.mark(carried.carry(out, name, busy, batching, counters))
         out, totals = carried.collect(out)
         out, again = carried.retried(out)
-        mine = {"busy": busy, "batches": 1.0, "rows": float(out.num_rows)}
+        mine = {
+            "busy": busy,
+            "batches": carried.model_batches(batching),
+            "rows": float(out.num_rows),
+        }
         mine.update(carried.batching_entry(batching))
         mine.update({carried.COUNTED + k: v for k, v in counters.items()})
         carried.add(totals, {name: mine})
