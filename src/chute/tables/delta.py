@@ -8,6 +8,7 @@ log back from the current version, and a RESTORE back to the version it restored
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from collections.abc import Sequence
@@ -30,8 +31,9 @@ from chute.storage import StorageOptions, read, resolve, scheme_of
 from chute.tables import BATCH_KEY, DataFile, Lineage, TableSink
 
 LOG_READS = 1_000
-"""How many of the latest commits a look for a batch reads (a batch being resolved is
-always among the last few)."""
+"""How many of the latest commits a look for a job's batches reads (every run looks for
+its confirmed batches: :meth:`chute.tableledger.TableLedger._forget_lost`); past it, the
+history counts as cut short, and the batches are trusted."""
 
 
 class Delta:
@@ -103,9 +105,14 @@ class Delta:
                 continue
             until = None
             if info.get("operation") == "RESTORE":
-                version, until = _restored(info, version)
+                restored = _restored(info, version)
+                if restored is None:  # a RESTORE whose target cannot be read: trust
+                    break
+                version, until = restored
                 continue
             found |= {t for t in _tokens(log) if t in tokens}
+            if _replaces(info):  # made again in place: nothing before it is in the table
+                return Lineage(frozenset(found), whole=True)
             version -= 1
         return Lineage(frozenset(found), whole=found == tokens)
 
@@ -166,14 +173,53 @@ def _commit_info(log: bytes) -> dict[str, Any]:
     return {}
 
 
-def _restored(info: dict[str, Any], version: int) -> tuple[int, int | None]:
+def _restored(info: dict[str, Any], version: int) -> tuple[int, int | None] | None:
     """Where a RESTORE commit at ``version`` went back to: the version it restored, or
     (restored to a time) the version before it and the time, in milliseconds, that the
-    commits it kept are no later than."""
+    commits it kept are no later than; ``None`` where the commit says neither in a form
+    read here (Spark writes its parameters as JSON text: ``"null"``, a quoted time)."""
     params = info.get("operationParameters") or {}
-    if "version" in params:
-        return int(params["version"]), None
-    return version - 1, int(params.get("datetime") or params.get("timestamp") or 0)
+    target = _parameter(params.get("version"))
+    if target is not None:
+        try:
+            return int(target), None
+        except (TypeError, ValueError):
+            return None
+    when = _parameter(params.get("datetime")) or _parameter(params.get("timestamp"))
+    try:
+        return version - 1, int(when or 0)
+    except (TypeError, ValueError):
+        try:  # a time as text: "2024-01-01 00:00:00"
+            stamp = datetime.datetime.fromisoformat(str(when))
+        except ValueError:
+            return None
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+        return version - 1, int(stamp.timestamp() * 1000)
+
+
+def _parameter(value: Any) -> Any:
+    """An operation parameter, as given or as the JSON text Spark writes (``"null"``,
+    ``"\\"2024-01-01\\""``); ``None`` for none."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _replaces(info: dict[str, Any]) -> bool:
+    """Whether a commit replaced the whole table (``mode="overwrite"`` without a
+    predicate, ``CREATE OR REPLACE TABLE``): the table made again in place, its history
+    kept, its earlier rows gone."""
+    operation = info.get("operation")
+    params = info.get("operationParameters") or {}
+    if operation in ("CREATE OR REPLACE TABLE", "REPLACE TABLE", "REPLACE TABLE AS SELECT"):
+        return True
+    mode = str(_parameter(params.get("mode")) or "").lower()
+    predicate = _parameter(params.get("predicate"))
+    return operation == "WRITE" and mode == "overwrite" and predicate in (None, "", [])
 
 
 def _tokens(log: bytes) -> list[str]:

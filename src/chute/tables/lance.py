@@ -80,8 +80,9 @@ class Lance:
     def lineage(self, tokens: set[str]) -> Lineage:
         """The tokens among the properties of the transactions the current version descends
         from (of the last :data:`TRANSACTIONS_PER_READ`): a ``Restore`` goes back to the
-        version it restored, and the versions between are not in the dataset. Whole where
-        version 1 was read (none cleaned up)."""
+        version it restored, and the versions between are not in the dataset; an
+        ``Overwrite`` (the dataset made, or made again in place) ends it. Whole where it
+        ended so, or version 1 was read (none cleaned up)."""
         dataset = self._load()
         if dataset is None or not tokens:
             return Lineage(frozenset(), whole=True)
@@ -97,6 +98,9 @@ class Lance:
             props = transaction.transaction_properties or {}
             if props.get(BATCH_KEY) in tokens:
                 found.add(props[BATCH_KEY])
+            if isinstance(transaction.operation, LanceOperation.Overwrite):
+                # the dataset made (again) here: nothing before it is in it, its history kept
+                return Lineage(frozenset(found), whole=True)
             version -= 1
         return Lineage(frozenset(found), whole=version < 1)
 
