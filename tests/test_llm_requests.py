@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -359,6 +360,19 @@ def test_an_openai_batch_output_line_must_answer_its_own_rows_request(tmp_path: 
     with pytest.raises(ModelError, match="line for request 'r0' names custom_id 'r4'"):
         job.run()
     assert not list((tmp_path / "out").glob("part-*"))
+    # ids a CSV reads as numbers: the adapters name each line by the id's text
+    pq.write_table(pa.table({"custom_id": [0, 1], "url": ["u", "u"]}), tmp_path / "n.parquet")
+
+    def named(batch: pa.Table) -> dict[str, list[str]]:
+        ids = batch.column("custom_id").to_pylist()
+        return {"line": [json.dumps({"custom_id": str(c), "response": None}) for c in ids]}
+
+    chute.Job(
+        source=chute.FileSource(str(tmp_path / "n.parquet")),
+        models=(chute.Model("llm", named, inputs=("custom_id", "url")),),
+        output=chute.Sink(str(tmp_path / "numbers"), "openai-batch"),
+        engine="local",
+    ).run()
 
 
 def test_the_single_file_is_assembled_in_input_order_past_a_million_units(

@@ -127,7 +127,7 @@ def _check_batch_line(text: Any, column: str, row: int, custom_id: Any = None) -
             'with its "custom_id", on one line (as the vllm and openai models write them). '
             "Return such lines, or choose another output format."
         )
-    if custom_id is not None and line["custom_id"] != custom_id:
+    if custom_id is not None and line["custom_id"] != str(custom_id):  # as the adapters name it
         raise ModelError(
             f"the openai-batch output line for request {custom_id!r} names custom_id "
             f"{line['custom_id']!r}: each line must answer its own row's request, in the "
