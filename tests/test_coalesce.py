@@ -4,6 +4,7 @@ Engines run the same through ``tests/conformance`` and ``tests/test_chaos.py``."
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from pathlib import Path
@@ -211,6 +212,31 @@ def test_a_unit_planned_too_large_to_hold_goes_to_its_own_file_from_its_first_ro
         *range(1000),
         *range(1000, 1100),
     ]
+
+
+def test_a_unit_in_files_of_its_own_is_written_in_its_order_whatever_order_runs_come_in(
+    tmp_path: Path,
+) -> None:
+    """Appended as they came, the runs of a large unit from several replicas went into
+    its file out of order: readers of a part file expect its rows in key order. A run
+    that comes early waits for those before it; a range whose rows all failed is no gap."""
+    out = tmp_path / "out"
+    out.mkdir()
+    files = Coalescer(writer(out), clock=Clock(), unit_bytes=1, sizes={0: 500})
+    assert files.add(piece(0, 200, 100, 500)) == []  # early: waits for rows 0-199
+    assert files._units[0].runs
+    assert files.add(piece(0, 0, 100, 500)) == []  # 0-99 goes on; 200-299 still waits
+    assert [r.start for r, _ in files._units[0].runs] == [200]
+    record = files.writer.prepare(piece(0, 100, 100, 500))[0][0]  # rows 100-199 all
+    files._hold(dataclasses.replace(record, error_rows=100), None)  # failed: a record only
+    steps = files._due()
+    files._take_files(steps)
+    files._run(steps)
+    assert not files._units[0].runs  # 200-299 followed the gap
+    written = files.add(piece(0, 400, 100, 500)) + files.add(piece(0, 300, 100, 500))
+    assert max(r.end for r in written) == 500
+    (ids,) = on_disk(out).values()
+    assert ids == [*range(0, 100), *range(200, 500)]  # in order, without the failed rows
 
 
 def test_whole_units_are_appended_to_the_shared_file_as_they_finish(tmp_path: Path) -> None:

@@ -65,7 +65,13 @@ class _Held:
     file: DataFile | None = None
     """The unit's own open file, once its rows outgrew the hold."""
     alone: bool = False
-    """Some of its rows went to files of its own: it never shares a file."""
+    """Its rows go to files of its own (they outgrew the hold, or were planned to): it
+    never shares a file."""
+    next: int = 0
+    """The unit's row its files take next: runs go on in the unit's order, so a run that
+    came early (another replica's batch) waits for the ones before it."""
+    gaps: dict[int, int] = field(default_factory=dict)
+    """Ranges of the unit with no row to write (every row failed), by start: their end."""
 
     @property
     def ready(self) -> bool:
@@ -160,7 +166,9 @@ class Coalescer:
         held.covered += record.end - record.start
         if record.unit_rows >= 0:
             held.total = record.unit_rows
-        if rows is not None:
+        if rows is None:
+            held.gaps[record.start] = record.end
+        else:
             held.runs.append((record, rows))
             held.rows += rows.num_rows
             held.nbytes += rows.nbytes
@@ -235,8 +243,10 @@ class Coalescer:
         """The unit's held runs appended to its own files, a new one each time one fills
         (``close``: its last rows, so its last file is closed too)."""
         steps: list[_Step] = []
-        pending = sorted(held.runs, key=lambda run: run[0].start)
-        held.runs, held.rows, held.nbytes, held.alone = [], 0, 0, True
+        pending, later = _in_order(held, sorted(held.runs, key=lambda run: run[0].start), close)
+        held.runs, held.alone = later, True
+        held.rows = sum(rows.num_rows for _, rows in later)
+        held.nbytes = sum(rows.nbytes for _, rows in later)
         while pending:
             record, rows = pending.pop(0)
             file = held.file
@@ -285,6 +295,23 @@ class Coalescer:
             for file in _distinct(steps):
                 file.lock.release()
         return records
+
+
+def _in_order(held: _Held, runs: list[Run], everything: bool) -> tuple[list[Run], list[Run]]:
+    """The runs that go on now, from the unit's next row without a gap, and those that
+    wait for a run before them (``everything``: the unit's last rows are in, all go on)."""
+    if everything:
+        return runs, []
+    at = held.next
+    for i, (record, _) in enumerate(runs):
+        while at in held.gaps:
+            at = held.gaps.pop(at)
+        if record.start != at:
+            held.next = at
+            return runs[:i], runs[i:]
+        at = record.end
+    held.next = at
+    return runs, []
 
 
 def _close(steps: list[_Step], file: DataFile) -> None:
