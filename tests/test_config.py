@@ -143,7 +143,9 @@ def test_an_unknown_metric_type_is_named_with_a_suggestion() -> None:
             id="max-groups-text",
         ),
         pytest.param(
-            {"threshold": "high"}, "metrics[0].threshold: 'high' is not a number", id="threshold"
+            {"threshold": "high"},
+            "metrics[0].threshold: 'high' is not a finite number",
+            id="threshold",
         ),
         pytest.param(
             {"bins": "1e9"}, "metrics[0].bins: '1e9' is not a whole number", id="bins-as-text"
@@ -154,10 +156,15 @@ def test_an_unknown_metric_type_is_named_with_a_suggestion() -> None:
         ),
         pytest.param(
             {"score_range": [0]},
-            "metrics[0].score_range: [0] is not two numbers, low and high",
+            "metrics[0].score_range: [0] is not two finite numbers, low and high",
             id="range",
         ),
         pytest.param({"label": ["y"]}, "metrics[0].label: ['y'] is not a column name", id="label"),
+        pytest.param(
+            {"score_range": [0, float("inf")]},
+            "metrics[0].score_range: [0, inf] is not two finite numbers",
+            id="range-to-infinity",
+        ),
     ],
 )
 def test_a_bad_metric_option_names_the_key_the_value_and_what_it_takes(
@@ -172,6 +179,13 @@ def test_a_bad_metric_option_names_the_key_the_value_and_what_it_takes(
     with pytest.raises(ConfigError) as info:
         job_from_dict({**BASE, "metrics": [spec]})
     assert message in str(info.value)
+
+
+def test_a_metric_name_left_empty_takes_the_metrics_own() -> None:
+    """``name:`` with no value in a job file is None: the default name, not an error."""
+    spec = {"type": "accuracy", "label": "y", "score": "m_p", "name": None}
+    (metric,) = job_from_dict({**BASE, "metrics": [spec]}).metrics
+    assert metric.name == "confusion"  # accuracy is one of its results
 
 
 @pytest.mark.parametrize("value", ["lots", 0, "12 parsecs"])

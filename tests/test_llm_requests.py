@@ -260,9 +260,10 @@ def test_a_folder_or_a_glob_of_batch_files_is_read_as_any_input_is(tmp_path: Pat
         (b'{"custom_id": "a", "method": "GET"}', r"method 'GET': batch requests are POST"),
         (b'{"custom_id": "\\ud800"}', r"lone surrogate escape"),
         (b'{"custom_id": "a", "body": {"prompt": "\\udfff"}}', r"lone surrogate escape"),
+        (b'{"custom_id": "a", "url": "/v1/\\ud800"}', r"lone surrogate escape"),
         (b'{"custom_id": "\xff"}', r"line 2 is not UTF-8 text \(byte 16 of the line\)"),
     ],
-    ids=["number-id", "get", "surrogate-id", "surrogate-body", "not-utf8"],
+    ids=["number-id", "get", "surrogate-id", "surrogate-body", "surrogate-url", "not-utf8"],
 )
 def test_a_bad_batch_line_is_named_with_what_to_fix(
     tmp_path: Path, line: bytes, message: str

@@ -193,10 +193,10 @@ def metric_from_spec(spec: Mapping[str, Any]) -> Metric:
 
 
 _WHOLE = {"bins": 1, "k": 1, "num_classes": 2, "max_groups": 1}
+"""Options of built-in metrics that take a whole number, and the least each takes."""
 MAX_BINS = 2**20
 """The most bins a metric keeps: each unit's state holds them in the ledger, and
 ``bins: 1000000000`` allocated arrays of gigabytes per batch (auc_roc's default: 2**14)."""
-"""Options of built-in metrics that take a whole number, and the least each takes."""
 _TEXT = ("label", "score", "prediction", "column", "by", "name")
 """Options that name a column (or the metric)."""
 
@@ -223,13 +223,13 @@ def _option_problem(key: str, value: Any) -> str | None:
             return f"a whole number of at least {least} (e.g. {key}: {max(least, 10)})"
         if key == "bins" and value > MAX_BINS:
             return f"at most {MAX_BINS:,} bins (each unit's state keeps them)"
-    if key == "threshold" and not number:
-        return "a number (e.g. threshold: 0.5)"
+    if key == "threshold" and not (number and math.isfinite(value)):
+        return "a finite number (e.g. threshold: 0.5)"
     if key in ("range", "score_range"):
         pair = isinstance(value, list | tuple) and len(value) == 2
         if not pair or not all(_option_problem("threshold", v) is None for v in value):
-            return f"two numbers, low and high (e.g. {key}: [0, 1])"
-    if key in _TEXT and not isinstance(value, str):
+            return f"two finite numbers, low and high (e.g. {key}: [0, 1])"
+    if key in _TEXT and not isinstance(value, str) and not (key == "name" and value is None):
         return "a column name" if key != "name" else "a name"
     return None
 

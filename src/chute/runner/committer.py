@@ -390,7 +390,7 @@ class Committer:
             if entry.get("columns"):
                 self._agree(entry["columns"], f"the parts of unit {entry['unit']!r}")
                 self._absorbed = True
-        self._noted = None if self._columns is None else dict(self._columns)
+        self._noted = None  # every run notes them on its first line: a line may be forgotten
 
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]

@@ -261,12 +261,15 @@ class PartWriter:
         assert isinstance(self.sink, TableSink)
         fields = partition_fields(self.sink.partition_by)
         in_log = [f.column for f in fields] if self.sink.format == "delta" else []
+        pieces = split(data, fields)
+        # Delta's log only; all first: a value refused after some pieces' files were put
+        # would leave them as orphans until the next run
+        values = [partition_values(piece, fields) if in_log else {} for piece in pieces]
         files = []
-        for piece in split(data, fields):
-            values = partition_values(piece, fields) if in_log else {}  # Delta's log only
+        for piece, value in zip(pieces, values, strict=True):
             stored = piece.drop_columns(in_log)
             path, size = self._put(stored, unit, start, self._folder(errors=False))
-            files.append((path, piece.num_rows, size, values))
+            files.append((path, piece.num_rows, size, value))
         info = part_info(data.schema, files=files)
         return files[0][0], sum(f[2] for f in files), info
 

@@ -139,9 +139,9 @@ def _request(data: bytes, number: int, path: str) -> Request:
     body = request.get("body")
     text = None if body is None else json.dumps(body, ensure_ascii=False)
     try:  # JSON's \ud800 escapes decode to text that no UTF-8 writer can take
-        custom_id.encode("utf-8")
-        if text is not None:
-            text.encode("utf-8")
+        for field in (custom_id, url, text):
+            if isinstance(field, str):
+                field.encode("utf-8")
     except UnicodeEncodeError:
         raise DataError(
             f"{where} holds a lone surrogate escape (such as \\ud800), which is no character "
