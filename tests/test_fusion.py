@@ -29,7 +29,14 @@ import chute
 from chute import Model, Pool, Resources
 from chute.engines.ray import operators
 from chute.engines.ray.engine import RayEngine
-from chute.engines.resources import FUSED_NOTE, Cluster, Node, fuses, plan_stages
+from chute.engines.resources import (
+    AFTER_POOL_NOTE,
+    FUSED_NOTE,
+    Cluster,
+    Node,
+    fuses,
+    plan_stages,
+)
 from chute.models import AdapterSpec
 from chute.plan import build_plan
 
@@ -90,6 +97,14 @@ def test_fused_stages_leave_the_cpus_to_the_actor_pools() -> None:
     assert [(s.fused, s.note == FUSED_NOTE) for s in plan] == [(True, True), (False, False)]
     assert plan[0].cpus == 1.0  # a read task's CPUs
     assert plan[1].cpus * plan[1].max == 3.0  # the pool alone shares what reads leave
+
+
+def test_a_model_after_a_preprocess_pool_is_not_said_to_run_in_the_read_tasks() -> None:
+    """With a preprocess step of its own (cpus: 1), Ray ran the model in tasks after that
+    step's pool while chute plan said "runs inside the read tasks"."""
+    (stage,) = plan_stages([_model("f", double)], Cluster(cpus=4), preprocess_pool=True)
+    assert stage.fused and stage.note == AFTER_POOL_NOTE
+    assert "after the preprocess step's pool" in stage.note
 
 
 def _actors() -> set[str]:

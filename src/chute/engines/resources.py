@@ -158,6 +158,13 @@ FUSED_NOTE = (
     "runs inside the read tasks, a replica per worker process, no actors "
     "(a pool or resources for it would give it actors)"
 )
+AFTER_POOL_NOTE = (
+    "runs in tasks of its own after the preprocess step's pool, a replica per worker "
+    "process, no actors: blocks pass between processes (a pool or resources for it would "
+    "give it actors)"
+)
+"""A model that would be fused into the read tasks where a preprocess pool stands between
+(``chute plan`` said "inside the read tasks" while Ray ran it in tasks after the pool)."""
 
 
 FUSED_MEMORY_SHARE = 0.25
@@ -244,7 +251,8 @@ def plan_stages(
     stages = []
     for m in models:
         if m not in actors:
-            stages.append(StageResources(m.name, reads, 0, None, 0, 0, FUSED_NOTE, 1, fused=True))
+            note = AFTER_POOL_NOTE if preprocess_pool else FUSED_NOTE
+            stages.append(StageResources(m.name, reads, 0, None, 0, 0, note, 1, fused=True))
             continue
         stage, why = next(planned), too_big.get(m.name)
         stages.append(replace(stage, note=why) if why and not stage.note else stage)
