@@ -212,7 +212,8 @@ def test_a_replica_needs_a_node_with_its_memory() -> None:
 def test_memory_too_large() -> None:
     models = _models({"resources": Resources(memory=64 * GiB)})
     with pytest.raises(
-        ResourceError, match=r"asks for 64\.0 GiB of memory but the cluster has 8\.0"
+        ResourceError,
+        match=r"asks for 64\.0 GiB of memory but the cluster has 8\.0 .*lower resources\.memory",
     ):
         plan_resources(models, Cluster(cpus=2, memory=8 * GiB))
 

@@ -503,5 +503,8 @@ def _check_memory(models: list[Model], cluster: Cluster) -> None:
         if memory and cluster.memory and memory * model.pool.min > cluster.memory:
             raise ResourceError(
                 f"model {model.name!r} asks for {memory * model.pool.min / 2**30:.1f} GiB "
-                f"of memory but the cluster has {cluster.memory / 2**30:.1f} GiB."
+                f"of memory but the cluster has {cluster.memory / 2**30:.1f} GiB (a local "
+                "Ray offers what its object store leaves of the machine's): lower "
+                "resources.memory or the pool, or run on a cluster that has the memory "
+                "(--address)."
             )
