@@ -66,8 +66,6 @@ class Committer:
         self._columns: dict[str, str] | None = None
         """The columns and types of the parts accepted so far (all-null ones: "null"), those
         of earlier runs included (:meth:`absorb`)."""
-        self._noted: dict[str, str] | None = None
-        """The columns as the ledger last noted them: a line notes them when they change."""
         self._absorbed = False
         """Whether columns of parts an earlier run committed are among those known."""
         self.write = StageStats()
@@ -309,9 +307,8 @@ class Committer:
         # the files to type once the column's type is known (chute.runner.retype); on every
         # line, so that a line without it (an older chute's) has its files' footers read
         entry["nulls"] = sorted({p.path for p in parts if p.path and _has_null(p.columns)})
-        if self._columns is not None and self._columns != self._noted:  # for a resume
+        if self._columns is not None:  # for a resume: on every line, as any may be dropped
             entry["columns"] = sorted(self._columns.items())
-            self._noted = dict(self._columns)
         tables = [json.loads(p.table) for p in parts if p.table]
         if tables:  # a table output: the parts' schemas (and Lance fragments) to commit
             entry["table"] = tables
@@ -390,7 +387,6 @@ class Committer:
             if entry.get("columns"):
                 self._agree(entry["columns"], f"the parts of unit {entry['unit']!r}")
                 self._absorbed = True
-        self._noted = None  # every run notes them on its first line: a line may be forgotten
 
     def missing(self) -> list[Unit]:
         return [u for i, u in self.units.items() if i not in self.done]
