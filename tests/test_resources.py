@@ -547,6 +547,39 @@ class MallocProbe:
 
 
 @GLIBC
+@pytest.mark.parametrize("tuning", ["1", "0"])
+def test_a_local_run_tunes_its_processs_malloc(tuning: str) -> None:
+    """The local engine's model threads get the same as a Ray worker: a 16 MiB buffer
+    from the thread's heap, not mapped afresh (in a process of its own, which the run
+    tunes when it starts); ``CHUTE_MALLOC_TUNING=0`` leaves the process's malloc alone."""
+    probe = (
+        "import json\n"
+        "import numpy as np, pyarrow as pa\n"
+        "import chute\n"
+        "from tests.test_resources import MallocProbe\n"
+        "model = chute.Model('m', MallocProbe, inputs=['x'], batch_format='numpy')\n"
+        "table = pa.table({'x': np.arange(100)})\n"
+        "report = chute.Job(chute.TableSource(table), (model,), engine='local').run()\n"
+        "print(json.dumps(max(report.result.column('m_mapped').to_pylist())))\n"
+    )
+    env = {**os.environ, "CHUTE_MALLOC_TUNING": tuning}
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parent.parent,
+        timeout=120,
+        check=True,
+    )
+    mapped = json.loads(done.stdout.strip().splitlines()[-1])
+    if tuning == "1":
+        assert mapped < 4 * MIB
+    else:
+        assert mapped >= 16 * MIB
+
+
+@GLIBC
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_a_ray_replica_tunes_its_workers_malloc(ray_session: Any) -> None:

@@ -38,6 +38,7 @@ from chute.engines.resources import (
     local_writers,
 )
 from chute.job import Model
+from chute.models.base import keep_freed_memory
 from chute.plan import Plan, StagePlan
 from chute.report import StageStats, add_counters
 from chute.sinks import PartRecord, PartWriter
@@ -90,6 +91,7 @@ class _Run:
     """One execution: the threads, their channels and the first error any of them hit."""
 
     def __init__(self, plan: Plan, readers: int, writers: int) -> None:
+        keep_freed_memory()  # model threads keep their batches' big buffers (opt-out: env)
         self.plan = plan
         self.stop = threading.Event()
         self.errors: list[BaseException] = []

@@ -85,8 +85,7 @@ _malloc_tuned = False
 def keep_freed_memory() -> None:
     """Let glibc's malloc keep the big buffers a model frees, to reuse for the next batch
     (once per process; ``CHUTE_MALLOC_TUNING=0`` leaves malloc as it is). The Ray engine's
-    replicas call it in Ray's worker processes; the local engine leaves the user's process
-    as it is, where it measured no gain.
+    replicas call it in Ray's worker processes, the local engine when a run starts.
 
     glibc maps a buffer above its threshold (128 KiB at first) from the kernel and unmaps
     it when freed, so each batch's arrays (numpy's, torch's tensors) are mapped and
@@ -95,10 +94,14 @@ def keep_freed_memory() -> None:
     memory a heap keeps before it gives any back). Measured on the MLP example (1 M rows,
     4 MiB batches, 27 MiB of activations a call), medians of 5 in fresh processes: on Ray,
     where the model runs on the worker's main thread, 0.25 s → 0.19 s a run; on the local
-    engine no change, its models run on threads whose heaps (64 MiB at most, glibc's)
-    cannot keep two such calls' buffers. The cost: up to 64 MiB of free memory held per
-    heap. Arrow's buffers come from its own allocator and are not affected; nor is a C
-    library other than glibc.
+    engine, whose models run on threads, 0.29–0.37 s → 0.24–0.25 s, and the taxi job at
+    10x its rows 1.96–2.21 s → 1.72–1.78 s (the tip model's NumPy arrays), with the same
+    peak memory (``benchmarks/RESULTS.md``, 2026-11-27 22:22). glibc would raise its
+    threshold so far by itself once it unmapped a buffer of 32 MiB; a thread's heap only
+    keeps what its own frees give it, so without the setting a model thread maps its
+    activations afresh for most batches of a run. The cost: up to 64 MiB of free memory
+    held per heap. Arrow's buffers come from its own allocator and are not affected; nor
+    is a C library other than glibc.
     """
     global _malloc_tuned
     if _malloc_tuned or os.environ.get("CHUTE_MALLOC_TUNING") == "0":
