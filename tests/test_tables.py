@@ -370,6 +370,29 @@ def test_appending_checks_the_schema_before_any_compute(
     assert not list(_location(sink).glob("data/chute-*/part-*"))  # nothing was computed
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_model_output_the_table_cannot_take_is_a_schema_error(
+    fmt: str, data: Path, tmp_path: Path
+) -> None:
+    """Known only once the model has run: the same error on every format, naming the
+    column and both types (Lance's writer refused it first, as an I/O error), and the
+    table's rows as they were."""
+    sink = table_sink(fmt, tmp_path)
+    seed = pa.table(
+        {
+            "id": pa.array([-1], pa.int64()),
+            "tag": pa.array([0], pa.int64()),
+            "m_score": pa.array(["high"]),
+            "m_vec": pa.array([[0.0] * 4], pa.list_(pa.float32())),
+        }
+    )
+    _create(sink, seed)
+    with pytest.raises(chute.DataError, match=r"column 'm_score' is double .* but (large_)?string"):
+        job(data, sink).run()
+    assert read_table(sink).id.tolist() == [-1]
+
+
 def _create(sink: TableSink, table: pa.Table) -> None:
     if sink.format == "iceberg":
         from pyiceberg.catalog import load_catalog

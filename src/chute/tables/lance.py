@@ -23,7 +23,7 @@ from lance import LanceOperation
 from lance.fragment import FragmentMetadata
 
 from chute.storage import StorageOptions, resolve
-from chute.tables import BATCH_KEY, DATA_DIR, DataFile, Lineage, TableSink
+from chute.tables import BATCH_KEY, DATA_DIR, DataFile, Lineage, TableSink, check_schema
 from chute.tables.delta import storage_options
 
 TRANSACTIONS_PER_READ = 1_000
@@ -35,13 +35,20 @@ def write_fragments(
     table: pa.Table, location: str, storage: StorageOptions | None
 ) -> list[dict[str, Any]]:
     """Write ``table`` as Lance data files of the dataset at ``location`` (uncommitted);
-    the fragments' metadata."""
-    fragments = lance.fragment.write_fragments(
-        table,
-        location,
-        schema=table.schema,
-        storage_options=storage_options(location, storage) or None,
-    )
+    the fragments' metadata. Where the dataset's columns cannot take the table's, the
+    error names the column and both types, as for Iceberg and Delta (Lance's own is an
+    I/O error: "Append with different schema")."""
+    options = storage_options(location, storage) or None
+    try:
+        fragments = lance.fragment.write_fragments(
+            table, location, schema=table.schema, storage_options=options
+        )
+    except OSError as error:
+        if "schema" not in str(error).lower():
+            raise
+        dataset = lance.dataset(location, storage_options=options)  # there is one: it refused
+        check_schema(dataset.schema, table.schema, f"the lance table {location}", ordered=True)
+        raise
     return [dict(f.to_json()) for f in fragments]
 
 
