@@ -433,3 +433,24 @@ def test_ctrl_c_says_how_to_resume_only_where_there_is_something_to_resume(
         said = " ".join(capsys.readouterr().err.split())
         assert said.startswith("interrupted.")
         assert ("run the same command again to resume" in said) is resumes
+
+
+@pytest.mark.timeout(60)
+def test_a_metric_that_cannot_compute_its_result_fails_the_command(tmp_path: Path) -> None:
+    """The output is finished (the rows are all there), but a CI that reads only the exit
+    code saw 0 for a job whose metric values were missing."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"tip_score": [0.5, 1.0, 0.25]}), tmp_path / "in" / "a.parquet")
+    job = _model_only_job(tmp_path, "in")
+    (tmp_path / "broken.py").write_text(
+        "from chute.metrics import ColumnStats\n\n\n"
+        "class Broken(ColumnStats):\n"
+        "    def result(self, state):\n"
+        "        raise OverflowError('too large')\n"
+    )
+    job.write_text(job.read_text() + "metrics:\n  - {type: broken.py:Broken, column: tip_score}\n")
+    code, out = invoke("run", str(job), "-q")
+    assert code == 1, out
+    assert "1 metric(s) could not compute their results" in out and "OverflowError" in out
+    assert (tmp_path / "out" / "_SUCCESS").exists()
+    assert pd.read_parquet(tmp_path / "out").double.tolist() == [1.0, 2.0, 0.5]

@@ -179,6 +179,16 @@ def run(
         _print_sample(report, limit)
         return
     console.print(report)
+    failed = report.metric_errors
+    if failed:  # the output is finished; a CI that reads the exit code must still see it
+        errors.print(
+            f"[bold red]error:[/] {len(failed)} metric(s) could not compute their results "
+            f"({escape('; '.join(failed))}). The output is complete: only the metric values "
+            "are missing. A fixed metric makes another job: run it to another output, or with "
+            "--overwrite (which computes the output again; see its help for a table).",
+            highlight=False,
+        )
+        sys.exit(ChuteError.exit_code)
 
 
 def _print_sample(report: Report, limit: int) -> None:

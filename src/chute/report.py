@@ -250,6 +250,17 @@ class Report:
             table.add_row(name, Folded(value))
         return table
 
+    @property
+    def metric_errors(self) -> list[str]:
+        """The errors of the metrics that could not compute their results (the output
+        is finished all the same): ``chute run`` then exits 1."""
+        return [
+            values["error"]
+            for owned in self.metrics.values()
+            for values in owned.values()
+            if isinstance(values, dict) and isinstance(values.get("error"), str)
+        ]
+
     def rows(self) -> list[tuple[str, str]]:
         """The summary, one (name, value) pair a line."""
         rows = [
