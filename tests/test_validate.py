@@ -4,6 +4,8 @@ refuses the same job before it writes anything into the output (chute.preflight)
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from click.testing import CliRunner
 
 from chute.cli import main
 from chute.demo import generate
+from chute.engines import local_memory
 from chute.engines.resources import local_gpus
 from chute.ledger import Ledger
 
@@ -123,6 +126,35 @@ CASES = [
         id="metric-column-misspelt",
     ),
 ]
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_over_what_a_local_ray_offers_is_refused_before_ray_starts(
+    job_dir: Path,
+) -> None:
+    """A local Ray offers what its object store leaves of the free memory: ``validate``
+    compared with the machine's, passed, and the run then refused (after starting Ray)."""
+    pytest.importorskip("ray")
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    offer = local_memory("ray")  # at most 70% of the memory free
+    asked = int(machine * 0.9)  # fits the machine, never what a local Ray offers
+    assert offer is not None and offer[0] < asked
+    memory = f"batch_format: numpy\n    resources: {{memory: {asked}}}"
+    job = edit(job_dir, "batch_format: numpy", memory)
+    job = edit(job_dir, "output:", "engine: ray\noutput:")
+    for command in (["validate", job], ["run", job, "-q"]):  # a process without a Ray yet
+        env = {**os.environ, "COLUMNS": "200"}
+        done = subprocess.run(
+            [sys.executable, "-m", "chute", *command],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        out = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 6, out
+        assert "but a local Ray (what its object store leaves of the memory free now) has" in out
+        assert not (job_dir / "out").exists(), f"{command[0]} wrote into the output"
 
 
 @pytest.mark.timeout(120)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from chute.engines import ENGINES, Engine, choose
+from chute.engines import ENGINES, Engine, choose, local_memory
 from chute.engines.resources import check_local
 from chute.errors import ConfigError, JobStateError, ResourceError
 from chute.job import JobSpec, describe_changes
@@ -107,26 +107,30 @@ def check_machine(job: JobSpec) -> str:
 
 
 def _check_memory(job: JobSpec) -> None:
-    """Replicas' ``resources.memory`` within this machine's: the local engine runs them
-    all in this process, so what they ask for together must be here (``validate`` said a
-    500 GiB replica fit a 24 GiB machine)."""
-    total = _machine_memory()
+    """Replicas' ``resources.memory`` within what the engine offers here: the local
+    engine runs them all in this process, so what they ask for together must be on this
+    machine (``validate`` said a 500 GiB replica fit a 24 GiB machine); a local Ray offers
+    less than the machine has (``validate`` passed what its run then refused)."""
     asked = [(m, m.resources.memory * max(1, m.pool.min)) for m in job.models if m.resources.memory]
-    if total is None or not asked:
+    if not asked:
+        return
+    offer = local_memory(choose(job)[0])
+    total, where = offer if offer else (_machine_memory(), "this machine")
+    if total is None:
         return
     for model, memory in asked:
         if memory > total:
             each = show_bytes(model.resources.memory or 0)
             raise ResourceError(
                 f"model {model.name!r} asks for {show_bytes(memory)} of memory "
-                f"({max(1, model.pool.min)} replica(s) of {each}) but this machine has "
+                f"({max(1, model.pool.min)} replica(s) of {each}) but {where} has "
                 f"{show_bytes(total)}: lower resources.memory or the pool, or run on a "
                 "cluster that has the memory (--address)."
             )
     together = sum(memory for _, memory in asked)
     if together > total:
         raise ResourceError(
-            f"the models ask for {show_bytes(together)} of memory together but this machine "
+            f"the models ask for {show_bytes(together)} of memory together but {where} "
             f"has {show_bytes(total)}: lower their resources.memory, or run on a cluster "
             "(--address)."
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -93,11 +93,16 @@ class _Entry:
     """A package the engine needs, and so the extra that installs it."""
     clusters: bool = False
     """Whether the engine runs on a cluster given by an address."""
+    local_memory: str | None = None
+    """A function of the module that says how much memory (bytes) the engine offers
+    replicas when it runs on this machine; ``None``: the machine's."""
 
 
 ENGINES: dict[str, _Entry] = {
     "local": _Entry("chute.engines.local", "LocalEngine"),
-    "ray": _Entry("chute.engines.ray", "RayEngine", requires="ray", clusters=True),
+    "ray": _Entry(
+        "chute.engines.ray", "RayEngine", requires="ray", clusters=True, local_memory="local_memory"
+    ),
 }
 """Every engine by name; the first is the embedded default."""
 
@@ -135,6 +140,20 @@ def create(name: str, options: EngineOptions | None = None) -> Engine:
     cls = getattr(importlib.import_module(entry.module), entry.attribute)
     engine: Engine = cls.from_options(options or EngineOptions())
     return engine
+
+
+def local_memory(name: str) -> tuple[int, str] | None:
+    """The memory (bytes) the engine ``name`` offers replicas on this machine, and what
+    that is, where it is less than the machine's; ``None`` where it is the machine's or
+    the engine is not installed."""
+    entry = ENGINES[name]
+    if entry.local_memory is None:
+        return None
+    if entry.requires and importlib.util.find_spec(entry.requires) is None:
+        return None
+    offered: Callable[[], tuple[int, str] | None]
+    offered = getattr(importlib.import_module(entry.module), entry.local_memory)
+    return offered()
 
 
 def choose(job: JobSpec) -> tuple[str, str]:

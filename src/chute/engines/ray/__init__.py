@@ -19,7 +19,14 @@ Modules: :mod:`~chute.engines.ray.session` (connecting, shipping code),
 
 from chute.engines.ray.engine import RayEngine
 from chute.engines.ray.release import live_pool_actors, released
-from chute.engines.ray.session import SHIP_EXCLUDES, cluster, init_ray, job_runtime_env, portable
+from chute.engines.ray.session import (
+    SHIP_EXCLUDES,
+    cluster,
+    init_ray,
+    job_runtime_env,
+    local_memory,
+    portable,
+)
 
 __all__ = [
     "SHIP_EXCLUDES",
@@ -28,6 +35,7 @@ __all__ = [
     "init_ray",
     "job_runtime_env",
     "live_pool_actors",
+    "local_memory",
     "portable",
     "released",
 ]

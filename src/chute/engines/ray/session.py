@@ -163,6 +163,25 @@ def _quiet_stderr(quiet: bool) -> Iterator[None]:
         os.close(devnull)
 
 
+def local_memory() -> tuple[int, str] | None:
+    """The memory (bytes) a local Ray that chute starts offers tasks and actors, and what
+    that is: what its object store (30% by default) leaves of the memory this machine has
+    available now, by Ray's own estimate; ``None`` where Ray's estimate cannot be had, or
+    where this process has a Ray already (the run checks against what it offers)."""
+    import ray
+
+    if ray.is_initialized():
+        return None
+    try:
+        from ray._private.utils import estimate_available_memory, resolve_object_store_memory
+
+        available = int(estimate_available_memory())
+        offered = available - int(resolve_object_store_memory(available))
+    except (ImportError, AttributeError, TypeError, ValueError):  # Ray's internals moved
+        return None
+    return offered, "a local Ray (what its object store leaves of the memory free now)"
+
+
 def cluster() -> Cluster:
     """What the connected cluster has now: its totals and each alive node."""
     import ray
