@@ -1077,6 +1077,7 @@ def test_a_finished_job_whose_table_lost_its_rows_writes_them_again(
         )
     sink = table_sink(fmt, tmp_path, commit_seconds=0)
     assert job(data, sink).run().rows_out == ROWS
+    last = _version(sink)
     if change == "made again":
         _make_again(sink)
     elif change == "overwritten in place":
@@ -1088,6 +1089,38 @@ def test_a_finished_job_whose_table_lost_its_rows_writes_them_again(
     assert report.units_done > 0
     frame = read_table(sink)
     assert len(frame) == ROWS and frame.id.is_unique
+    if change == "rolled back":  # the version rolled back from still reads: its files kept
+        _set_version(sink, last)
+        frame = read_table(sink)
+        assert len(frame) == ROWS and frame.id.is_unique
+
+
+def _version(sink: TableSink) -> int:
+    """The table's current snapshot (Iceberg) or version."""
+    if sink.format == "iceberg":
+        return int(_iceberg(sink).current_snapshot().snapshot_id)
+    if sink.format == "delta":
+        from deltalake import DeltaTable
+
+        return int(DeltaTable(sink.path).version())
+    import lance
+
+    return int(lance.dataset(sink.path).version)
+
+
+def _set_version(sink: TableSink, version: int) -> None:
+    """Another tool makes an older snapshot or version the table's current one again."""
+    if sink.format == "iceberg":
+        with _iceberg(sink).manage_snapshots() as snapshots:
+            snapshots.set_current_snapshot(snapshot_id=version)
+    elif sink.format == "delta":
+        from deltalake import DeltaTable
+
+        DeltaTable(sink.path).restore(version)
+    else:
+        import lance
+
+        lance.dataset(sink.path, version=version).restore()
 
 
 def _upkeep(sink: TableSink) -> None:

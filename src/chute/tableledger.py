@@ -26,7 +26,10 @@ driver dies or a step fails.
 
 A run that opens the ledger also asks the table whether it still holds the confirmed
 batches (:meth:`TableLedger._forget_lost`): a table dropped, made again, or rolled back to
-before some of them has lost their rows, and their units are computed again. Where the
+before some of them has lost their rows, and their units are computed again. Their old
+files are kept (``retired.json`` names them): the snapshots a rollback went back from
+still name them, and a roll forward to one must find them; the table's own upkeep
+(expiring snapshots, vacuum) removes them once nothing names them. Where the
 table's history is cut short (expired, cleaned up) and its files rewritten by a
 compaction, nothing tells, and the ledger is trusted (a table's history can be expired;
 chute's ledger is not).
@@ -72,6 +75,9 @@ TABLE_BATCH_MAX_SECONDS = 60.0
 """The longest a completed unit waits for its table commit, on a long run."""
 log = logging.getLogger("chute")
 ABANDONED = "abandoned"
+RETIRED = "retired.json"
+"""The data files of committed units the table no longer holds (:meth:`TableLedger.
+_forget_lost`): kept, never swept as orphans, since older snapshots may name them."""
 """In a job's folder: a later run was told (``--overwrite``) to leave this job unfinished."""
 
 
@@ -330,8 +336,21 @@ class TableLedger(Ledger):
                 self._name(),
                 len(gone),
             )
+        files = {f[0] for unit in gone for f in self._entries[unit].get("files", [])}
+        files = {p for p in files if p.startswith(f"{DATA_DIR}/")}  # not its errors parts
+        if files - self._retired():
+            self._write_json(RETIRED, sorted(self._retired() | files))
         for unit in gone:
             del self._entries[unit]
+
+    def _retired(self) -> set[str]:
+        """The files :data:`RETIRED` names (relative to the table's location)."""
+        data = self._read(f"{self.meta}/{RETIRED}")
+        return set(json.loads(data)) if data else set()
+
+    def _remove_orphans(self, sizes: dict[str, int | None]) -> int:
+        kept = {f"{self.root}/{path}" for path in self._retired()}
+        return super()._remove_orphans({p: n for p, n in sizes.items() if p not in kept})
 
     def _staged(self, entry: dict[str, Any]) -> bool:
         return "batch" in entry and entry["batch"] not in self._confirmed
@@ -489,7 +508,7 @@ class TableLedger(Ledger):
         """Start this job afresh (it committed nothing): its ledger and orphan files go."""
         self._guard()
         for info in self._list(self.meta):
-            if info.base_name != "job.json":
+            if info.base_name not in ("job.json", RETIRED):
                 retrying(partial(self._remove, info), f"removing {info.path}")
         self._entries = {}
         self._remove_orphans(self._files())
