@@ -180,6 +180,24 @@ def test_a_corrupt_image_is_skipped_and_reported_the_rest_predicted(
 
 
 @pytest.mark.timeout(180)
+def test_many_undecodable_images_skipped_are_not_taken_for_a_broken_model(
+    tmp_path: Path, engine: str
+) -> None:
+    """Two thirds of the images cannot be decoded, under on_bad_input: skip: the run
+    stopped as a model that "fails most rows is broken" (exit 4), a model that failed none.
+    max_failed_fraction is of a model's failures; the input's bad rows are skipped as told."""
+    data = tmp_path / "in"
+    _write(data, 10)
+    for i in range(20):
+        (data / f"zero{i:02d}.png").write_bytes(b"")
+    report = _job(data, tmp_path / "out", engine, on_bad_input="skip").run()
+    assert (report.rows_in, report.rows_out, report.rows_failed) == (30, 10, 20)
+    errors = pd.read_parquet(tmp_path / "out" / "_errors")
+    assert sorted(Path(p).name for p in errors.path) == [f"zero{i:02d}.png" for i in range(20)]
+    assert set(errors.model) == {"<input row>"}
+
+
+@pytest.mark.timeout(180)
 def test_end_to_end_yaml_job_with_the_path_carried_over(
     images: Path, tmp_path: Path, engine: str
 ) -> None:

@@ -39,11 +39,15 @@ from chute.sources import (
     check_columns,
     stream,
 )
-from chute.stages import cast_exactly, empty_marker, mark_failed, skip_marker, tag
+from chute.stages import (
+    UNREADABLE,
+    cast_exactly,
+    empty_marker,
+    mark_failed,
+    skip_marker,
+    tag,
+)
 from chute.storage import is_local
-
-UNREADABLE = "<input row>"
-"""The error "model" of an input row that could not be decoded (on_bad_input: skip)."""
 
 
 @dataclass(frozen=True)

@@ -333,10 +333,12 @@ class JobSpec:
     """``fail`` stops on an unreadable or drifted input unit, naming it; ``skip`` leaves it
     out and lists it in the report."""
     max_failed_fraction: float = 0.5
-    """Under ``on_error: quarantine`` (or ``on_bad_input: skip``), the largest share of a
-    run's rows that may fail: past it (once 1,000 rows, or all, are committed) the run stops
-    with a :class:`ModelError`, since a model that fails most rows is broken, not its rows.
-    ``1.0`` never stops. Not part of the job's identity: changing it resumes the job."""
+    """Under ``on_error: quarantine``, the largest share of a run's rows that the models
+    may fail on: past it (once 1,000 rows, or all, are committed) the run stops with a
+    :class:`ModelError`, since a model that fails most rows is broken, not its rows. Input
+    rows that cannot be decoded (``on_bad_input: skip``) are the input's, not the models':
+    they count in neither part of the share. ``1.0`` never stops. Not part of the job's
+    identity: changing it resumes the job."""
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     """Ray's runtime environment for the job's workers when chute starts or joins Ray
     (``working_dir``, ``pip``, ``env_vars``, ...): how a job's own code reaches a cluster.

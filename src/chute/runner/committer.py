@@ -48,6 +48,9 @@ class Committer:
         self.rows_in = 0
         self.rows_out = 0
         self.rows_failed = 0
+        self._bad_rows = 0
+        """Input rows that could not be decoded (on_bad_input: skip), among ``rows_failed``:
+        the input's, which ``max_failed_fraction`` (a model's failures) leaves out."""
         self._order = sorted(self.units)
         """This run's units in input order: the failed share is taken over those from the
         first on that are all committed (:meth:`_check_failures`)."""
@@ -282,15 +285,17 @@ class Committer:
         skipped = next((p.skipped for p in parts if p.skipped), "")
         rows = 0 if skipped else self._totals[index]
         failed = sum(p.error_rows for p in parts)
+        bad_rows = sum(p.input_error_rows for p in parts)  # the input's, not a model's
         states = self._unit_states.pop(index, {})
         merged = dict(self.metric_states)  # a merge that raises (max_groups passed) must
         self.evaluation.merge(merged, [states])  # leave the unit uncounted, as uncommitted
-        self._check_failures(index, rows, failed)
+        self._check_failures(index, rows - bad_rows, failed - bad_rows)
         self.metric_states.update(merged)
         self.done.add(index)  # counted only once it is to be committed
         self.rows_in += rows
         self.rows_out += rows - failed
         self.rows_failed += failed
+        self._bad_rows += bad_rows
         entry: dict[str, Any] = {
             "unit": unit.id,
             "index": index,
@@ -324,7 +329,11 @@ class Committer:
         order, not of all committed so far: a unit whose rows all failed has no data file
         to wait for, and commits while the good units before it wait for their shared file
         (:data:`chute.coalesce.HOLD_SECONDS`); counted as they committed, one bad file of
-        twenty stopped every run as "1,000 of 1,000 rows failed"."""
+        twenty stopped every run as "1,000 of 1,000 rows failed".
+
+        ``rows`` and ``failed`` leave out input rows that could not be decoded (skipped as
+        the job says, ``on_bad_input: skip``): a model that failed none was stopped as
+        broken where most images of a folder were unreadable."""
         counts = self._counts
         counts[index] = (rows, failed)
         units, rows_in, failed_in = self._prefix
@@ -342,7 +351,8 @@ class Committer:
             counts.update(passed)  # as it was: this unit is neither counted nor committed
             del counts[index]
             self._fail(failed_in, rows_in, share)
-        failed_all, rows_all = self.rows_failed + failed, self.rows_in + rows
+        failed_all = self.rows_failed - self._bad_rows + failed  # the models' failures only
+        rows_all = self.rows_in - self._bad_rows + rows
         if failed_all > share * rows_all:  # rare: only then is the bound below worth a look
             # a late first unit (Ray finishes units out of order) must not let a broken
             # model go on: stop where the share passes even if every row of the units not

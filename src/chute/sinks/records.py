@@ -37,6 +37,9 @@ class PartRecord:
     """The errors part holding the rows a model failed on (quarantine), if any."""
     error_rows: int = 0
     """How many of the part's rows went to the errors part instead of the output."""
+    input_error_rows: int = 0
+    """How many of those are input rows that could not be decoded (on_bad_input: skip),
+    not rows a model failed on: they do not count toward ``max_failed_fraction``."""
     skipped: str = ""
     """Why the unit could not be read, for a skipped unit (on_bad_input: skip)."""
     metrics: bytes = b""
@@ -65,6 +68,7 @@ RECORD_SCHEMA = pa.schema(
         ("data", pa.binary()),
         ("errors_path", pa.string()),
         ("error_rows", pa.int64()),
+        ("input_error_rows", pa.int64()),
         ("skipped", pa.string()),
         ("metrics", pa.binary()),
         ("errors_nbytes", pa.int64()),

@@ -37,6 +37,7 @@ from chute.stages import (
     KEY,
     OUTPUT_OF,
     SKIPPED,
+    UNREADABLE,
 )
 from chute.storage import StorageOptions, is_local, make_dir, put, resolve
 from chute.tables import TableSink, part_info, partition_fields, partition_values, split
@@ -188,6 +189,7 @@ class PartWriter:
                 [*self.output.carryover, "model", "error_type", "error_message"]
             )
         error_rows = 0 if errors is None else errors.num_rows
+        input_rows = 0 if errors is None else _unreadable_rows(errors)
         if self.sink is None:
             data = to_ipc(part)
             record = PartRecord(
@@ -200,6 +202,7 @@ class PartWriter:
                 0.0,
                 data,
                 error_rows=error_rows,
+                input_error_rows=input_rows,
                 columns=describe_columns(part.schema) if part.num_rows else "",
             )
             return record, None
@@ -218,6 +221,7 @@ class PartWriter:
             seconds,
             errors_path=bad,
             error_rows=error_rows,
+            input_error_rows=input_rows,
             errors_nbytes=bad_size,
             table=table,
             columns=describe_columns(part.schema) if part.num_rows else "",
@@ -364,6 +368,13 @@ def _healthy(table: pa.Table) -> pa.Table:
 
 def _slice(table: pa.Table | None, lo: int, hi: int) -> pa.Table | None:
     return None if table is None else table.slice(lo, hi - lo)
+
+
+def _unreadable_rows(errors: pa.Table) -> int:
+    """How many failed rows (as the errors part names them) are input rows that could not
+    be decoded, not a model's failures."""
+    models = errors.column("model").to_numpy(zero_copy_only=False)
+    return int(np.count_nonzero(models == UNREADABLE))
 
 
 def _failed_mask(errors: pa.Table | None) -> np.ndarray | None:

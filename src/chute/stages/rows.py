@@ -53,6 +53,9 @@ ERROR_MESSAGE = "__chute_error_message"
 ERROR_COLUMNS = (ERROR_MODEL, ERROR_TYPE, ERROR_MESSAGE)
 
 
+UNREADABLE = "<input row>"
+"""The error "model" of an input row that could not be decoded (on_bad_input: skip): a bad
+row of the input, not a model's failure."""
 SKIPPED = "<input>"
 """The error "model" of a skip marker: a unit that could not be read (on_bad_input: skip)."""
 EMPTY = "<empty>"
