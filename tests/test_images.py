@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 
 import chute
 from chute.config import job_from_dict, load_job
+from chute.errors import INPUT_CHANGED
 from chute.plan import build_plan
 from chute.sources import UnreadableRows, as_source
 from chute.sources.images import UNIT_IMAGES, ImageSource
@@ -361,3 +363,89 @@ def test_a_16_bit_grayscale_png_is_scaled_to_8_bits_not_clipped(tmp_path: Path, 
     expected = (np.arange(16) * 17).reshape(4, 4)  # 4,369 × 255 / 65,535 = 17
     for channel in range(pixels.shape[-1]):
         np.testing.assert_array_equal(pixels[0, :, :, channel], expected)
+
+
+# --------------------------------------------------------------------------- changed input
+
+
+def _change(path: Path, how: str) -> None:
+    """Rewrite or remove ``path``: ``same size`` (its bytes again, a second later),
+    ``other size`` (another picture) or ``removed``."""
+    before = path.stat()
+    if how == "removed":
+        path.unlink()
+    elif how == "same size":
+        path.write_bytes(path.read_bytes())
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    else:
+        Image.fromarray(np.full((40, 30, 3), 255, np.uint8)).save(path)
+        assert path.stat().st_size != before.st_size
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        pytest.param("same size", "was modified after", id="same-size"),
+        pytest.param("other size", "was modified after", id="other-size"),
+        pytest.param("removed", "was removed after", id="removed"),
+    ],
+)
+def test_an_image_changed_after_planning_fails_its_unit(
+    tmp_path: Path, how: str, says: str
+) -> None:
+    """An image rewritten after planning was read with its new content and the run ended
+    complete; a Parquet or CSV file so changed fails its unit. It is no row to skip: what
+    was read of the file may be neither version."""
+    _write(tmp_path, 6)
+    source = ImageSource(str(tmp_path), unit_images=3)
+    units = source.plan()
+    _change(tmp_path / "img0004.jpg", how)
+    shipped = pickle.loads(pickle.dumps(source))  # as a read task gets it: no listing
+    assert shipped.read(units[0], None).num_rows == 3  # its files are as listed
+    with pytest.raises(chute.DataError, match=f"{says} the job was planned") as info:
+        shipped.read(units[1], None)
+    assert not isinstance(info.value, UnreadableRows)
+    assert "img0004.jpg" in str(info.value) and INPUT_CHANGED in str(info.value)
+
+
+@pytest.mark.timeout(180)
+def test_an_image_rewritten_while_the_job_runs_fails_the_job(tmp_path: Path) -> None:
+    """The model's first call rewrites the last image, which the readers reach later (a
+    channel holds a few units): the job fails naming it, never complete."""
+    _write(tmp_path / "in", 40)
+    last = tmp_path / "in" / "img0039.png"
+
+    def rewrite(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not (tmp_path / "done").exists():
+            (tmp_path / "done").touch()
+            Image.fromarray(np.full((40, 30, 3), 255, np.uint8)).save(last)
+        return {"mean": batch["image"].reshape(len(batch["image"]), -1).mean(axis=1)}
+
+    model = chute.Model("m", rewrite, inputs=("image",), batch_format="numpy", batch_size=1)
+    job = chute.Job(
+        source=ImageSource(str(tmp_path / "in"), unit_images=1),
+        models=(model,),
+        carryover=("path",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    with pytest.raises(chute.DataError, match="changed during the run") as info:
+        job.run()
+    assert "img0039.png" in str(info.value)
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+@pytest.mark.timeout(180)
+def test_an_image_rewritten_in_a_bucket_after_planning_fails_its_unit(
+    s3: s3server.FaultProxy, moto_s3: s3server.MotoS3, tmp_path: Path
+) -> None:
+    _write(tmp_path, 6)
+    files = sorted(tmp_path.iterdir())
+    s3server.put_objects(moto_s3, "bucket", {f"imgs/{p.name}": p.read_bytes() for p in files})
+    source = ImageSource("s3://bucket/imgs/", unit_images=3)
+    units = source.plan()
+    s3server.put_objects(moto_s3, "bucket", {"imgs/img0004.jpg": files[0].read_bytes()[:-1]})
+    shipped = pickle.loads(pickle.dumps(source))
+    assert shipped.read(units[0], None).num_rows == 3
+    with pytest.raises(chute.DataError, match=r"img0004\.jpg' was modified after the job was"):
+        shipped.read(units[1], None)

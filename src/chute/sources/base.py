@@ -79,6 +79,10 @@ class Unit:
     stamp: int | None = None
     """The file's modification time (ns) when it was listed: a local file read with another
     was rewritten since, even at the same size."""
+    listed: tuple[tuple[int | None, int | None], ...] = ()
+    """The ``(size, stamp)`` of each of :attr:`files` when it was listed: each file of a unit
+    that groups several is checked as it is read, as :attr:`size` and :attr:`stamp` are for
+    a unit of one file."""
 
 
 class Source(Protocol):

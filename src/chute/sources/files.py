@@ -783,8 +783,13 @@ class FileSource:
         bytes and the row groups planned from the old, a complete run of two versions.
         There the time is compared to the second (what a HEAD says), so a rewrite at the
         same size within the listed second is not seen."""
-        path, stamp = unit.path, unit.stamp
-        if path is None or stamp is None:
+        if unit.path is not None:
+            self._as_listed(unit.path, unit.size, unit.stamp)
+
+    def _as_listed(self, path: str, size: int | None, stamp: int | None) -> None:
+        """:meth:`_unchanged` for one file, listed at ``size`` bytes and modified at
+        ``stamp`` (ns); nothing to compare without the time."""
+        if stamp is None:
             return
         local = is_local(self.filesystem)
         info = self.filesystem.get_file_info(path)
@@ -794,7 +799,7 @@ class FileSource:
             )
         now = info.mtime_ns
         moved = now != stamp if local else now is not None and now // 10**9 != stamp // 10**9
-        if moved or (unit.size is not None and info.size != unit.size):
+        if moved or (size is not None and info.size != size):
             raise DataError(
                 f"input file {path!r} was modified after the job was planned "
                 f"({_when(stamp)} then, {_when(info.mtime_ns)} now): {INPUT_CHANGED}"

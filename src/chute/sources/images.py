@@ -20,7 +20,8 @@ scaled to 8 bits.
 
 An image that cannot be decoded follows ``on_bad_input``: ``fail`` stops the job naming the
 file; ``skip`` writes that one row (with its carryover, such as ``path``) to the errors
-dataset and predicts the rest of its unit.
+dataset and predicts the rest of its unit. A file rewritten or removed after planning fails
+its unit, as any input file does.
 
 .. code-block:: yaml
 
@@ -189,6 +190,7 @@ class ImageSource(FileSource):
                     group[0],
                     offset=start,
                     files=tuple(group),
+                    listed=tuple(self._stamps.get(f, (None, None)) for f in group),
                 )
             )
         return units
@@ -196,17 +198,20 @@ class ImageSource(FileSource):
     def read(
         self, unit: Unit, columns: Sequence[str] | None, dictionary: Sequence[str] = ()
     ) -> pa.Table:
-        """Decode the unit's files; undecodable ones raise :class:`UnreadableRows`
-        (``dictionary``: Parquet's only, never asked of images)."""
+        """Decode the unit's files; undecodable ones raise :class:`UnreadableRows`, and
+        one that is not as listed when planned fails the unit (``dictionary``: Parquet's
+        only, never asked of images)."""
         files = list(unit.files[: unit.rows])  # a --limit may cut the unit short
+        listed = unit.listed or ((None, None),) * len(files)
         shape = self.tensor_shape
         pixels = np.zeros((len(files), *shape), dtype=np.uint8)
         bad: list[tuple[int, str]] = []
-        for row, path in enumerate(files):
+        for row, (path, (size, stamp)) in enumerate(zip(files, listed, strict=False)):
             try:
                 pixels[row] = self._decode(path, shape)
             except DataError as exc:
                 bad.append((row, str(exc)))
+            self._still_listed(path, size, stamp)
         table = self._table(files, pixels, columns)
         if bad:
             raise UnreadableRows(
@@ -232,6 +237,15 @@ class ImageSource(FileSource):
             if columns is None
             else table.select([c for c in columns if c in table.column_names])
         )
+
+    def _still_listed(self, path: str, size: int | None, stamp: int | None) -> None:
+        """The file just read has the size and time it was listed with: one rewritten or
+        removed since planning fails its unit (never a row to skip), as a Parquet file
+        does, and the run never completes with what it read of it."""
+        try:
+            retrying(lambda: self._as_listed(path, size, stamp), f"checking {path}")
+        except (pa.ArrowException, OSError) as exc:
+            raise unreadable(f"image file {path!r}", exc) from exc
 
     def _decode(self, path: str, shape: tuple[int, int, int]) -> np.ndarray:
         image = _open_image(self._bytes(path), path)
