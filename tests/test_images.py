@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 from pathlib import Path
@@ -122,9 +123,48 @@ def test_images_of_another_shape_need_a_size(tmp_path: Path) -> None:
     _write(tmp_path, 3)
     Image.fromarray(np.zeros((10, 10, 3), np.uint8)).save(tmp_path / "z.png")
     source = ImageSource(str(tmp_path))
-    with pytest.raises(UnreadableRows, match=r"z.png' is 10x10 but the first image is 40x30"):
+    shaped = r"z.png' is 10x10 but '.*img0000.jpg', the image the shape was taken from, is 40x30"
+    with pytest.raises(UnreadableRows, match=shaped):
         _read_all(source)
     assert _pixels(_read_all(ImageSource(str(tmp_path), size=(5, 5)))).shape == (4, 5, 5, 3)
+
+
+def _truncated_png(path: Path, shape: tuple[int, int]) -> None:
+    pixels = np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    data = io.BytesIO()
+    Image.fromarray(pixels).save(data, format="PNG")
+    path.write_bytes(data.getvalue()[: len(data.getvalue()) // 2])
+
+
+def test_the_shape_is_that_of_the_first_image_that_decodes(tmp_path: Path) -> None:
+    """A truncated 64x64 PNG sorting first gave its header's shape to every row: each good
+    40x30 image was then the wrong shape, and only the broken one was read."""
+    _write(tmp_path, 4)
+    _truncated_png(tmp_path / "a_first.png", (64, 64))
+    source = ImageSource(str(tmp_path))
+    assert source.tensor_shape == (40, 30, 3)
+    with pytest.raises(UnreadableRows) as info:
+        _read_all(source)
+    assert [row for row, _ in info.value.bad] == [0] and "a_first.png" in info.value.bad[0][1]
+
+
+def test_no_image_that_decodes_to_take_the_shape_from_asks_for_a_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Empty files sorting first failed planning naming only the last one tried, even under
+    on_bad_input: skip, and with no word of ``size``, which reads the rest."""
+    monkeypatch.setattr(chute.sources.images, "SHAPE_TRIES", 3)
+    _write(tmp_path, 2)
+    for i in range(3):
+        (tmp_path / f"a{i}.jpg").write_bytes(b"")
+    with pytest.raises(chute.DataError) as info:
+        ImageSource(str(tmp_path)).schema()
+    message = str(info.value)
+    assert "none of the first 3 can be decoded" in message
+    assert all(f"a{i}.jpg" in message for i in range(3)) and "Set size: [height" in message
+    with pytest.raises(UnreadableRows) as bad:
+        _read_all(ImageSource(str(tmp_path), size=(8, 8)))
+    assert [row for row, _ in bad.value.bad] == [0, 1, 2]
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ decodes its files with Pillow into two columns:
   numpy`` receives it as one ``(rows, height, width, channels)`` array.
 
 Every image must have the same shape: give ``size: [height, width]`` to resize them all
-(bilinear, as ``PIL.Image.resize`` with ``Resampling.BILINEAR``), or the first image's shape is
-the shape and an image of another is a data error. Pixels are taken as stored (no EXIF
-rotation); transparency is dropped by the conversion to ``mode``, and a 16-bit grayscale PNG is
-scaled to 8 bits.
+(bilinear, as ``PIL.Image.resize`` with ``Resampling.BILINEAR``), or the shape of the first
+image that decodes is the shape and an image of another is a data error. Pixels are taken as
+stored (no EXIF rotation); transparency is dropped by the conversion to ``mode``, and a 16-bit
+grayscale PNG is scaled to 8 bits.
 
 An image that cannot be decoded follows ``on_bad_input``: ``fail`` stops the job naming the
 file; ``skip`` writes that one row (with its carryover, such as ``path``) to the errors
@@ -147,26 +147,34 @@ class ImageSource(FileSource):
 
     @property
     def tensor_shape(self) -> tuple[int, int, int]:
-        """``(height, width, channels)`` of every row: from ``size``, or the first file
-        that can be decoded (one that cannot is its unit's to fail, or to skip)."""
+        """``(height, width, channels)`` of every row: from ``size``, or the first of the
+        first :data:`SHAPE_TRIES` files that decodes whole (:attr:`reference`; one that
+        does not is its unit's to fail, or to skip). A header alone is no shape: a
+        truncated 64x64 PNG sorting first made every good 16x16 image the wrong shape."""
         if self._shape is None:
-            files = self.files()
-            for k, path in enumerate(files[:SHAPE_TRIES]):
-                try:
-                    self._shape = self.options.shape(self._stored_size(path))
-                    break
-                except DataError:
-                    if k == min(len(files), SHAPE_TRIES) - 1:
-                        raise
-        assert self._shape is not None
+            self._shape = self._find_shape()
         return self._shape
 
-    def _stored_size(self, path: str) -> tuple[int, int]:
-        """The first file's height and width, from its header (no decode)."""
+    def _find_shape(self) -> tuple[int, int, int]:
         if self.options.size is not None:
-            return self.options.size
-        image = _open_image(self._bytes(path), path)
-        return image.height, image.width
+            return self.options.shape(self.options.size)
+        tried = self.files()[:SHAPE_TRIES]
+        errors: list[str] = []
+        for path in tried:
+            try:
+                array = self._decode(path)
+            except DataError as exc:
+                errors.append(str(exc))
+                continue
+            self._reference = path
+            height, width, channels = array.shape
+            return height, width, channels
+        raise DataError(
+            f"no image to take the shape of the images from: none of the first {len(tried)} "
+            f"can be decoded ({', '.join(repr(p) for p in tried)}); the first: {errors[0]} "
+            "Set size: [height, width] to give every image that shape (an image that cannot "
+            "be decoded then follows on_bad_input), or replace the files."
+        )
 
     def schema(self) -> pa.Schema:
         return pa.schema(
@@ -247,21 +255,24 @@ class ImageSource(FileSource):
         except (pa.ArrowException, OSError) as exc:
             raise unreadable(f"image file {path!r}", exc) from exc
 
-    def _decode(self, path: str, shape: tuple[int, int, int]) -> np.ndarray:
+    def _decode(self, path: str, shape: tuple[int, int, int] | None = None) -> np.ndarray:
+        """The file's pixels, ``(height, width, channels)``; one not of ``shape`` (the
+        rows', where known) is a :class:`DataError`."""
         image = _open_image(self._bytes(path), path)
         try:
             image = _eight_bits(image).convert(self.options.mode)
-            if self.options.size is not None and (image.height, image.width) != shape[:2]:
-                image = image.resize((shape[1], shape[0]), _pil().Resampling.BILINEAR)
+            size = self.options.size
+            if size is not None and (image.height, image.width) != size:
+                image = image.resize((size[1], size[0]), _pil().Resampling.BILINEAR)
             array = np.asarray(image, dtype=np.uint8)
         except (OSError, SyntaxError, ValueError, _pil().DecompressionBombError) as exc:
             raise DataError(f"cannot decode image {path!r}: {exc}") from exc
         array = array.reshape(*array.shape[:2], -1)
-        if array.shape != shape:
+        if shape is not None and array.shape != shape:
             raise DataError(
-                f"image {path!r} is {array.shape[0]}x{array.shape[1]} but the first image is "
-                f"{shape[0]}x{shape[1]}: every row needs one shape. Set size: [height, width] "
-                "to resize them all."
+                f"image {path!r} is {array.shape[0]}x{array.shape[1]} but {self._reference!r}, "
+                f"the image the shape was taken from, is {shape[0]}x{shape[1]}: every row "
+                "needs one shape. Set size: [height, width] to resize them all."
             )
         return array
 
