@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 UNIT_IMAGES = 256
 """Files per unit: what one read task decodes, and what the ledger commits at once."""
+TENSOR_VALUES = 2**31 - 1
+"""The most values one row of an Arrow fixed-shape tensor holds (a 32-bit list size)."""
 SHAPE_TRIES = 16
 """Files tried, in order, for the image shape when no ``size`` is given."""
 MODES = {"RGB": 3, "L": 1}
@@ -86,6 +88,7 @@ class ImageOptions:
             if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size):
                 raise _bad_size(self.size)
             object.__setattr__(self, "size", size)
+            _check_fits(size, MODES[self.mode])
         if self.unit_images < 1:
             raise ConfigError(f"unit_images must be >= 1, got {self.unit_images}.")
 
@@ -303,6 +306,19 @@ def _pair(size: Sequence[int] | None) -> Any:
     if len(values) != 2:
         raise _bad_size(size)
     return values
+
+
+def _check_fits(size: tuple[int, int], channels: int) -> None:
+    """An image of ``size`` fits in one row of an Arrow tensor (else Arrow's own error,
+    a traceback, came from validate and run alike)."""
+    values = size[0] * size[1] * channels
+    if values > TENSOR_VALUES:
+        raise ConfigError(
+            f"image size {list(size)!r} is too large: {size[0]:,} x {size[1]:,} x {channels} "
+            f"channel(s) is {values:,} values an image, over the {TENSOR_VALUES:,} (2**31 - 1) "
+            "an Arrow tensor row holds. Give a smaller size: [height, width], e.g. "
+            "size: [224, 224]."
+        )
 
 
 def _bad_size(size: Sequence[int]) -> ConfigError:
