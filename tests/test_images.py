@@ -18,9 +18,10 @@ import yaml
 import chute
 from chute.config import job_from_dict, load_job
 from chute.errors import INPUT_CHANGED
+from chute.job.values import AUTO_MEMORY
 from chute.plan import build_plan
 from chute.sources import UnreadableRows, as_source
-from chute.sources.images import UNIT_IMAGES, ImageSource
+from chute.sources.images import UNIT_BYTES, UNIT_IMAGES, ImageSource
 from chute.stages import to_format
 from tests import s3server
 
@@ -90,6 +91,29 @@ def test_units_group_files_and_rows_are_known_from_the_listing(images: Path) -> 
     assert units[0].id == f"{images}/img0000.jpg..{images}/img0255.png"
     small = ImageSource(str(images), unit_images=100).plan()
     assert len(small) == 6 and sum(u.rows or 0 for u in small) == COUNT
+
+
+def test_a_unit_holds_at_most_unit_bytes_of_decoded_images(tmp_path: Path) -> None:
+    """Units were 256 images whatever their size: 256 photos of 12 MP are 9 GB decoded, and
+    300 of 2000x1500 took 3.2 GB to run. ``unit_images`` still says how many, if given."""
+    _write(tmp_path, 30)
+    photos = ImageSource(str(tmp_path), size=(1500, 2000)).plan()  # 9 MB an image
+    assert [u.rows for u in photos] == [14, 14, 2]
+    assert all(UNIT_BYTES / 2 < (u.nbytes or 0) <= UNIT_BYTES for u in photos[:2])
+    assert {u.rows for u in ImageSource(str(tmp_path), size=(8000, 8000)).plan()} == {1}
+    given = ImageSource(str(tmp_path), size=(1500, 2000), unit_images=5).plan()
+    assert [u.rows for u in given] == [5] * 6
+
+
+def test_auto_batches_of_images_start_within_the_memory_cap(tmp_path: Path) -> None:
+    """A fixed-shape tensor was a column of unknown width: ``batch_size: auto`` started at
+    1,024 photos, 9 GB of input to the first call."""
+    _write(tmp_path, 3)
+    model = chute.Model("b", Brightness, inputs=("image",), batch_format="numpy")
+    job = chute.Job(source=ImageSource(str(tmp_path), size=(1500, 2000)), models=(model,))
+    (stage,) = build_plan(job).stages
+    assert stage.batch_rows == AUTO_MEMORY // (1500 * 2000 * 3) == 7
+    assert "9,000,000 input bytes a row" in stage.batch_note
 
 
 def test_schema_is_a_fixed_shape_tensor_and_a_path(images: Path) -> None:

@@ -8,6 +8,7 @@ row width. Every column the job names is checked here, before any compute.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -610,10 +611,10 @@ def _auto_start(model: Model, inputs: Sequence[str], schema: pa.Schema) -> tuple
     aims = f"then measures each call and moves toward {target.describe()}"
     assert size.rows is not None
     small = f"auto: starts at {size.rows:,} rows (small, so a slow model's first call is short)"
-    fields = [schema.field(c).type for c in inputs if c in schema.names]
-    if len(fields) < len(inputs) or not all(pa.types.is_primitive(t) for t in fields):
+    widths = [_fixed_width(schema.field(c).type) for c in inputs if c in schema.names]
+    if len(widths) < len(inputs) or None in widths:
         return size.rows, f"{small}, {aims}", True
-    width = sum(t.bit_width // 8 or 1 for t in fields)
+    width = sum(w or 0 for w in widths)
     cap = max(1, target.memory // max(width, 1))
     if cap >= size.rows:
         return size.rows, f"{small}, {aims}", True
@@ -624,11 +625,22 @@ def _auto_start(model: Model, inputs: Sequence[str], schema: pa.Schema) -> tuple
     return cap, note, True
 
 
+def _fixed_width(t: pa.DataType) -> int | None:
+    """Bytes a value of ``t`` takes, where every value takes the same: a number, or a
+    fixed-shape tensor (an image: its shape times its element's bytes, known from the
+    schema, so ``batch_size: auto`` starts within its memory cap, not at 1,024 photos);
+    ``None`` for text, lists and the like."""
+    if isinstance(t, pa.FixedShapeTensorType):
+        element = _fixed_width(t.value_type)
+        return None if element is None else element * math.prod(t.shape)
+    return t.bit_width // 8 or 1 if pa.types.is_primitive(t) else None
+
+
 def _row_bytes(job: JobSpec, inputs: Sequence[str], schema: pa.Schema, units: list[Unit]) -> float:
     known = [c for c in inputs if c in schema.names]
-    fixed = [schema.field(c).type for c in known]
-    if all(pa.types.is_primitive(t) for t in fixed):
-        width = sum(t.bit_width // 8 or 1 for t in fixed)
+    widths = [_fixed_width(schema.field(c).type) for c in known]
+    if None not in widths:
+        width = sum(w or 0 for w in widths)
     else:
         first = next((u for u in units if u.rows != 0), units[0])
         sample = job.source.read(first, known).slice(0, 1024)

@@ -2,9 +2,10 @@
 
 An :class:`ImageSource` is a folder, a glob or a list of ``.jpg`` / ``.jpeg`` / ``.png``
 files (``format: images``, or inferred from the names). Its rows are the files, in sorted
-order, and its units are groups of :data:`UNIT_IMAGES` files, so row counts are known at plan
-time from the listing alone. Reading a unit (reader threads locally, read tasks on Ray)
-decodes its files with Pillow into two columns:
+order, and its units are groups of as many files as decode to at most :data:`UNIT_BYTES`
+(at most :data:`UNIT_IMAGES`), so row counts are known at plan time from the listing and
+the shape alone. Reading a unit (reader threads locally, read tasks on Ray) decodes its
+files with Pillow into two columns:
 
 - ``path``: the file, a string (name it under ``carryover`` to keep it next to the
   predictions);
@@ -51,7 +52,11 @@ if TYPE_CHECKING:
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 UNIT_IMAGES = 256
-"""Files per unit: what one read task decodes, and what the ledger commits at once."""
+"""The most files a unit holds: what one read task decodes, and what the ledger commits at
+once."""
+UNIT_BYTES = 128 * 2**20
+"""The most decoded bytes a unit of several images holds: a reader holds its unit's pixels
+whole, and 256 photos of 12 MP are 9 GB (300 of 2000x1500 took 3.2 GB to run)."""
 TENSOR_VALUES = 2**31 - 1
 """The most values one row of an Arrow fixed-shape tensor holds (a 32-bit list size)."""
 SHAPE_TRIES = 16
@@ -75,8 +80,9 @@ class ImageOptions:
     """``(height, width)`` to resize every image to; ``None`` keeps the files' own size."""
     mode: ImageMode = "RGB"
     """``RGB`` (3 channels) or ``L`` (grayscale, 1 channel)."""
-    unit_images: int = UNIT_IMAGES
-    """Files per unit."""
+    unit_images: int | None = None
+    """Files per unit; ``None``: as many as decode to at most :data:`UNIT_BYTES`, one at
+    least and :data:`UNIT_IMAGES` at most (:meth:`per_unit`)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -89,13 +95,25 @@ class ImageOptions:
                 raise _bad_size(self.size)
             object.__setattr__(self, "size", size)
             _check_fits(size, MODES[self.mode])
-        if self.unit_images < 1:
+        if self.unit_images is not None and self.unit_images < 1:
             raise ConfigError(f"unit_images must be >= 1, got {self.unit_images}.")
 
     def shape(self, stored: tuple[int, int]) -> tuple[int, int, int]:
         """The array shape of an image stored as ``(height, width)``."""
         height, width = self.size if self.size is not None else stored
         return (height, width, MODES[self.mode])
+
+    def per_unit(self, shape: tuple[int, int, int]) -> int:
+        """Files per unit of images of ``shape``: ``unit_images`` if given, else as many as
+        fit in :data:`UNIT_BYTES` decoded (the shape is known at planning, so each unit's
+        rows still are).
+
+        >>> ImageOptions().per_unit((1500, 2000, 3))
+        14
+        """
+        if self.unit_images is not None:
+            return self.unit_images
+        return max(1, min(UNIT_IMAGES, UNIT_BYTES // int(np.prod(shape))))
 
 
 class ImageSource(FileSource):
@@ -113,7 +131,7 @@ class ImageSource(FileSource):
         path: str | Sequence[str],
         size: Sequence[int] | None = None,
         mode: ImageMode = "RGB",
-        unit_images: int = UNIT_IMAGES,
+        unit_images: int | None = None,
         storage: StorageOptions | None = None,
     ) -> None:
         super().__init__(path, "images", storage)
@@ -186,7 +204,7 @@ class ImageSource(FileSource):
 
     def plan(self) -> list[Unit]:
         files = self.files()
-        step = self.options.unit_images
+        step = self.options.per_unit(self.tensor_shape)
         row_bytes = int(np.prod(self.tensor_shape))
         units = []
         for index, start in enumerate(range(0, len(files), step)):
@@ -292,9 +310,10 @@ class ImageSource(FileSource):
     def describe(self) -> dict[str, Any]:
         options = self.options
         size = list(options.size) if options.size is not None else None
+        per_unit = options.per_unit(self.tensor_shape)  # the units: what the ledger keeps
         return {
             **super().describe(),
-            "images": {"size": size, "mode": options.mode, "unit_images": options.unit_images},
+            "images": {"size": size, "mode": options.mode, "unit_images": per_unit},
         }
 
 
