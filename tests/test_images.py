@@ -301,14 +301,31 @@ def test_end_to_end_yaml_job_with_the_path_carried_over(
     assert set(out.b_height) == {20}
 
 
-def test_image_options_on_a_table_input_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        pytest.param({}, "the input is not images", id="inferred"),
+        pytest.param({"format": "parquet"}, "the input is parquet, not images", id="parquet"),
+    ],
+)
+def test_image_options_on_a_table_input_are_refused(
+    tmp_path: Path, given: dict[str, str], says: str
+) -> None:
     spec = {
-        "input": {"path": str(tmp_path / "x.parquet"), "size": [2, 2]},
+        "input": {"path": str(tmp_path / "x.parquet"), "size": [2, 2], **given},
         "models": [{"name": "b", "fn": f"{__name__}:Brightness"}],
         "output": {"path": str(tmp_path / "out")},
     }
-    with pytest.raises(chute.ConfigError, match="options of image inputs"):
+    with pytest.raises(chute.ConfigError, match=f"options of image inputs, but {says}"):
         job_from_dict(spec)
+
+
+def test_images_beside_a_table_file_ask_for_a_format_images_among_them(tmp_path: Path) -> None:
+    """Five images and a labels.csv: the format to set was "parquet, csv or jsonl"."""
+    _write(tmp_path, 5)
+    (tmp_path / "labels.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(chute.DataError, match=r"Set the format: parquet, csv, jsonl or images"):
+        as_source(str(tmp_path)).schema()
 
 
 def test_a_truncated_image_is_an_unreadable_row(tmp_path: Path) -> None:

@@ -85,8 +85,9 @@ def file_source(
         return ImageSource(paths, storage=storage, **options)
     if any(v is not None for v in options.values()):
         raise ConfigError(
-            f"{', '.join(options)}: options of image inputs, but the input is {format or 'not'} "
-            "images. Set format: images, or leave the options out."
+            f"{', '.join(options)}: options of image inputs, but the input is "
+            f"{f'{format}, not images' if format else 'not images'}. Set format: images, or "
+            "leave the options out."
         )
     return FileSource(paths, format, storage, column_types)
 

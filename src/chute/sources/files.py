@@ -600,7 +600,8 @@ class FileSource:
             return found
         raise DataError(
             f"cannot tell the input format of {redact(self.paths[0])!r} from its file names "
-            f"({files[0]}). Set the format: parquet, csv or jsonl."
+            f"({files[0]}). Set the format: parquet, csv, jsonl or images (images reads the "
+            ".jpg, .jpeg and .png files and leaves the others out)."
         )
 
     def _open(self, path: str) -> Any:
