@@ -27,6 +27,7 @@ from chute.sinks import (
     records_to_table,
     runs,
 )
+from chute.sinks.records import describe_columns
 from chute.sources import TableSource
 from chute.stages import KEY, decode, tag
 
@@ -533,3 +534,27 @@ def test_durations_keep_their_unit_and_nested_times_are_iso(tmp_path: Path, fmt:
     assert str(took[:4]) == str(["PT1.5S", "-PT2S", missing, "PT0S"])  # whole milliseconds
     assert str(exact[:4]) == str(["PT1.5S", "-PT2S", missing, "PT0.000001S"])
     assert pd.to_timedelta(exact[0]) == pd.Timedelta(seconds=1.5)
+
+
+def test_a_column_described_alike_whichever_way_its_rows_came() -> None:
+    """Arrow IPC (Ray's object store) names a map's entries otherwise than the Parquet
+    reader: a job killed on one engine and resumed on the other refused its own carried
+    map column as "a model returned another type there"."""
+    tags = pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64()))
+    lists = pa.array([[1.0]], pa.list_(pa.field("element", pa.float32())))
+    table = pa.table({"tags": tags, "v": lists, "s": pa.array([{"a": [1]}])})
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    from_parquet = pq.read_table(pa.BufferReader(buffer.getvalue()))
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, from_parquet.schema) as writer:
+        writer.write_table(from_parquet)
+    from_ipc = pa.ipc.open_stream(stream.getvalue()).read_all()
+    assert str(from_parquet.schema) != str(from_ipc.schema)  # as Arrow spells them
+    described = describe_columns(from_parquet.schema)
+    assert described == describe_columns(from_ipc.schema) == describe_columns(table.schema)
+    assert json.loads(described) == [
+        ["tags", "map<string, int64>"],
+        ["v", "list<float>"],
+        ["s", "struct<a: list<int64>>"],
+    ]

@@ -393,6 +393,31 @@ def test_a_model_output_the_table_cannot_take_is_a_schema_error(
     assert read_table(sink).id.tolist() == [-1]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_map_column_carried_into_a_table_runs_again(fmt: str, tmp_path: Path) -> None:
+    """The tables name a map's entries otherwise than Arrow's Parquet reader does: the
+    schema check took ``map<string, int64 ('tags')>`` and ``map<string, int64>`` for two
+    types, and every second run (a resume, a finished job run again) was refused."""
+    root = tmp_path / "in"
+    root.mkdir()
+    ids = np.arange(200, dtype=np.int64)
+    tags = pa.array([[("k", int(i))] for i in ids], pa.map_(pa.string(), pa.int64()))
+    pq.write_table(pa.table({"id": ids, "x": ids * 0.1, "tags": tags}), root / "a.parquet")
+    sink = table_sink(fmt, tmp_path / "t")
+
+    def tagged() -> chute.Job:
+        model = chute.Model("m", Embed(), inputs=("id", "x"), batch_format="numpy")
+        source = chute.FileSource(str(root))
+        return chute.Job(source, (model,), carryover=("id", "tags"), output=sink)
+
+    assert tagged().run().rows_out == 200
+    assert tagged().run().rows_out == 0  # the same job again: nothing to do
+    frame = read_table(sink)
+    assert sorted(frame.id) == list(range(200))
+    assert [dict(t) for t in frame.sort_values("id").tags] == [{"k": i} for i in range(200)]
+
+
 def _create(sink: TableSink, table: pa.Table) -> None:
     if sink.format == "iceberg":
         from pyiceberg.catalog import load_catalog

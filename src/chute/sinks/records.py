@@ -81,7 +81,26 @@ RECORD_SCHEMA = pa.schema(
 
 def describe_columns(schema: pa.Schema) -> str:
     """``[[name, type], ...]`` as JSON text: the columns a part writes (chute's own left out)."""
-    return json.dumps([[f.name, str(f.type)] for f in schema if not f.name.startswith("__chute")])
+    return json.dumps(
+        [[f.name, type_text(f.type)] for f in schema if not f.name.startswith("__chute")]
+    )
+
+
+def type_text(kind: pa.DataType) -> str:
+    """A type as text, without the names Arrow gives the inner fields of a list or map:
+    Arrow IPC (Ray's object store) names a map's entries ``entries`` where Parquet named
+    them after the column, and the same column read on two engines was taken for two
+    types (a resume on the other engine refused its own carried column)."""
+    if pa.types.is_map(kind):
+        return f"map<{type_text(kind.key_type)}, {type_text(kind.item_type)}>"
+    if pa.types.is_fixed_size_list(kind):
+        return f"fixed_size_list<{type_text(kind.value_type)}>[{kind.list_size}]"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        prefix = "large_list" if pa.types.is_large_list(kind) else "list"
+        return f"{prefix}<{type_text(kind.value_type)}>"
+    if pa.types.is_struct(kind):
+        return f"struct<{', '.join(f'{f.name}: {type_text(f.type)}' for f in kind)}>"
+    return str(kind)
 
 
 def records_to_table(records: Sequence[PartRecord]) -> pa.Table:

@@ -450,6 +450,10 @@ def _kind(kind: pa.DataType) -> str:
         return "binary"
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         return f"list<{_kind(kind.value_type)}>"
+    if pa.types.is_map(kind):  # the names of its entries (Lance, Delta, Iceberg rename them)
+        return f"map<{_kind(kind.key_type)}, {_kind(kind.item_type)}>"
+    if pa.types.is_struct(kind):
+        return f"struct<{', '.join(f'{f.name}: {_kind(f.type)}' for f in kind)}>"
     if pa.types.is_dictionary(kind):
         return _kind(kind.value_type)
     if pa.types.is_timestamp(kind):
