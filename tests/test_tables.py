@@ -10,6 +10,7 @@ moments and at injected points around the table commit (``tests/table_chaos.py``
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -416,6 +417,37 @@ def test_a_map_column_carried_into_a_table_runs_again(fmt: str, tmp_path: Path) 
     frame = read_table(sink)
     assert sorted(frame.id) == list(range(200))
     assert [dict(t) for t in frame.sort_values("id").tags] == [{"k": i} for i in range(200)]
+
+
+class _Elapsed:
+    """A model whose output is a duration, which Iceberg and Delta cannot hold."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> pa.Array:
+        return pa.array(batch["id"] * 1000, pa.duration("ms"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+@pytest.mark.parametrize("where", ["carried", "model"])
+def test_a_column_type_the_table_cannot_hold_is_named(fmt: str, where: str, tmp_path: Path) -> None:
+    """A duration passed everything, computed every unit, and died at the commit with the
+    format's own error (Delta: "External error: Schema error: Invalid data type", Rust's
+    backtrace). Carried, it is refused before any compute; from a model, at the commit,
+    naming the column and the fix."""
+    root = tmp_path / "in"
+    root.mkdir()
+    ids = np.arange(100, dtype=np.int64)
+    took = pa.array(ids * 1000, pa.duration("ms"))
+    pq.write_table(pa.table({"id": ids, "x": ids * 0.1, "took": took}), root / "a.parquet")
+    sink = table_sink(fmt, tmp_path / "t")
+    model = chute.Model("m", _Elapsed(), inputs=("id",), batch_format="numpy")
+    carried = ("id", "took") if where == "carried" else ("id",)
+    run = chute.Job(chute.FileSource(str(root)), (model,), carryover=carried, output=sink)
+    column = "'took' (duration[ms])" if where == "carried" else "'m' (duration[ms])"
+    with pytest.raises(chute.DataError, match=re.escape(f"cannot hold the column(s) {column}")):
+        run.run()
+    if where == "carried":  # nothing was computed
+        assert not list((tmp_path / "t").rglob("part-*"))
 
 
 def _create(sink: TableSink, table: pa.Table) -> None:

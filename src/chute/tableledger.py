@@ -66,6 +66,7 @@ from chute.tables import (
     Table,
     TableSink,
     check_schema,
+    check_storable,
     commit_meta,
     job_folder,
     schema_from,
@@ -467,6 +468,8 @@ class TableLedger(Ledger):
             if schema is None:
                 schema = written
             if text not in self._checked:
+                assert self.table is not None
+                check_storable(self.table, written, self._name())  # a model's output types
                 check_schema(schema, written, self._name(), ordered=self.sink.format == "lance")
                 self._checked.add(text)
         return schema

@@ -25,7 +25,14 @@ from chute.runner.committer import Committer
 from chute.runner.reporting import Run, report_of
 from chute.runner.retype import retype_null_columns
 from chute.tableledger import TableLedger
-from chute.tables import Table, TableSink, check_not_null, check_schema, resolve
+from chute.tables import (
+    Table,
+    TableSink,
+    check_not_null,
+    check_schema,
+    check_storable,
+    resolve,
+)
 
 log = logging.getLogger("chute")
 
@@ -83,9 +90,11 @@ def _table(plan: Plan, fingerprint: str) -> Table | None:
     check_writable = getattr(table, "check_writable", None)
     if existing is not None and check_writable is not None:
         check_writable()
-    if existing is not None and plan.schema is not None:
+    if plan.schema is not None:
         carried = [plan.schema.field(c) for c in plan.carryover if c in plan.schema.names]
-        check_schema(existing, pa.schema(carried), sink.name)
+        check_storable(table, pa.schema(carried), sink.name)
+        if existing is not None:
+            check_schema(existing, pa.schema(carried), sink.name)
     return table
 
 

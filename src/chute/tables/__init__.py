@@ -306,6 +306,10 @@ class Table(Protocol):
         """The table's partitions as a job writes them (``day(pickup_at)``), or ``None``
         while the table does not exist."""
 
+    def unsupported(self, schema: pa.Schema) -> list[pa.Field]:
+        """The columns of ``schema`` whose type the format cannot hold (a duration in
+        Iceberg or Delta)."""
+
 
 def open_table(sink: TableSink) -> Table:
     """The driver's handle on ``sink``'s table; its format's package imported now."""
@@ -439,6 +443,21 @@ def check_schema(table: pa.Schema, written: pa.Schema, where: str, ordered: bool
         raise DataError(
             f"{where} holds the columns {list(table.names)}, the job writes "
             f"{list(written.names)}: a lance table is appended to column for column, in order."
+        )
+
+
+def check_storable(table: Table, schema: pa.Schema, where: str) -> None:
+    """Refuse columns whose type ``table``'s format cannot hold, naming them and the fix:
+    the format's own error came from deep in a commit, after every unit was computed
+    (Delta: "External error: Schema error: Invalid data type", with Rust's backtrace).
+    Timestamps are left to the writer, which stores them in microseconds."""
+    bad = [f for f in table.unsupported(schema) if not pa.types.is_timestamp(f.type)]
+    if bad:
+        names = ", ".join(f"{f.name!r} ({f.type})" for f in bad)
+        raise DataError(
+            f"{where} cannot hold the column(s) {names}: the table format has no such type. "
+            "Cast them in the model or a preprocess step (a duration or a time of day to "
+            "int64, float16 to float32), leave them out of the output, or write files."
         )
 
 

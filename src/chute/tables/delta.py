@@ -50,6 +50,15 @@ class Delta:
         except TableNotFoundError:
             return None
 
+    def unsupported(self, schema: pa.Schema) -> list[pa.Field]:
+        out = []
+        for column in schema:
+            try:
+                DeltaSchema.from_arrow(pa.schema([column]))
+            except Exception:  # deltalake's own (a bare Exception: "Invalid data type")
+                out.append(column)
+        return out
+
     def schema(self) -> pa.Schema | None:
         table = self._load()
         return None if table is None else pa.schema(table.schema().to_arrow())

@@ -16,7 +16,11 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.io.pyarrow import (
+    UnsupportedPyArrowTypeException,
+    _pyarrow_to_schema_without_ids,
+    schema_to_pyarrow,
+)
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.transforms import parse_transform
@@ -50,6 +54,15 @@ class Iceberg:
             if table is not None
             else sink.path or _default_location(catalog, namespace, name)
         )
+
+    def unsupported(self, schema: pa.Schema) -> list[pa.Field]:
+        out = []
+        for column in schema:
+            try:
+                _pyarrow_to_schema_without_ids(pa.schema([column]))
+            except UnsupportedPyArrowTypeException:
+                out.append(column)
+        return out
 
     def schema(self) -> pa.Schema | None:
         table = self._load()

@@ -80,6 +80,9 @@ class Lance:
         selector = pafs.FileSelector(f"{root}/_versions", allow_not_found=True)
         return bool(fs.get_file_info(selector))
 
+    def unsupported(self, schema: pa.Schema) -> list[pa.Field]:
+        return []  # Lance holds any Arrow type
+
     def schema(self) -> pa.Schema | None:
         dataset = self._load()
         return None if dataset is None else dataset.schema
