@@ -268,6 +268,64 @@ def test_a_unit_whose_columns_change_type_goes_on_in_a_new_file(tmp_path: Path) 
     assert sorted(i for ids in on_disk(out).values() for i in ids) == list(range(30))
 
 
+def scored(unit: int, start: int, rows: int, total: int, known: bool) -> pa.Table:
+    """Like :func:`piece`, its output a float64 score, or (not ``known``) all ``None``: a
+    column of the ``null`` type, as a model returning only ``None`` in a batch gives."""
+    table = piece(unit, start, rows, total)
+    score = table.column("m").cast(pa.float64()) if known else pa.nulls(rows)
+    return table.set_column(1, "m", score)
+
+
+@pytest.mark.parametrize(
+    ("pieces", "file_rows", "files"),
+    [
+        pytest.param([(0, 0, 10, 20, False), (0, 10, 10, 20, True)], 100, 1, id="null-then-typed"),
+        pytest.param([(0, 0, 10, 20, True), (0, 10, 10, 20, False)], 100, 1, id="typed-then-null"),
+        pytest.param(
+            [(0, 10, 10, 30, True), (0, 20, 10, 30, False), (0, 0, 10, 30, False)],
+            100,
+            1,
+            id="out-of-order",
+        ),
+        pytest.param([(0, 0, 10, 10, True), (1, 0, 10, 10, False)], 100, 1, id="open-file"),
+        pytest.param(
+            [(0, 0, 8, -1, False), (0, 8, 8, -1, True), (0, 16, 8, 24, False)],
+            10,
+            3,
+            id="spans-files",
+        ),
+    ],
+)
+def test_a_column_null_in_some_runs_is_written_with_the_type_of_the_others(
+    tmp_path: Path, pieces: list[tuple[int, int, int, int, bool]], file_rows: int, files: int
+) -> None:
+    """A model returned ``None`` for a unit's first rows, then numbers: the runs of the
+    ``null`` type and of float64 were planned into one Parquet file, and the writer stopped
+    the run ("Table schema does not match schema used to create file")."""
+    out = tmp_path / "out"
+    out.mkdir()
+    coalescer = Coalescer(writer(out, file_rows=file_rows), clock=Clock())
+    records = [r for args in pieces for r in coalescer.add(scored(*args))]
+    records += coalescer.flush(everything=True)
+    written = {p.name: pq.read_table(p) for p in out.glob("part-*")}
+    assert len(written) == files
+    assert sum(t.num_rows for t in written.values()) == sum(args[2] for args in pieces)
+    typed = {
+        name
+        for name, table in written.items()
+        if not pa.types.is_null(table.schema.field("m").type)
+    }
+    assert all(str(t.schema.field("m").type) == "double" for n, t in written.items() if n in typed)
+    for record in records:  # a file still of the null type is marked for the retype
+        assert ('"null"' in record.columns) == (record.path not in typed)
+    every = pa.concat_tables(written.values(), promote_options="permissive")
+    scores = dict(zip(every["id"].to_pylist(), every["m"].to_pylist(), strict=True))
+    known = {
+        u * 1000 + i for u, start, rows, _, has in pieces if has for i in range(start, start + rows)
+    }
+    assert scores == {i: float(i) if i in known else None for i in scores}
+
+
 def test_discard_gives_up_the_open_files_and_leaves_no_temporary(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

@@ -442,6 +442,55 @@ def test_files_written_before_a_columns_type_was_known_get_it(tmp_path: Path, en
     assert "nothing to do" in (job.run().stopped or "")  # the ledger names the new files
 
 
+@pytest.mark.timeout(120)
+def test_a_unit_whose_first_batches_are_all_null_is_written_typed(
+    tmp_path: Path, engine: str
+) -> None:
+    """One unit of four batches, the first two all ``None``: on the local engine the runs
+    of the ``null`` type and of float64 went into one Parquet file and every attempt
+    stopped ("Table schema does not match schema used to create file")."""
+    import pandas as pd
+
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=40),
+        models=(
+            chute.Model("m", _nulls_first, inputs=("id",), batch_format="numpy", batch_size=10),
+        ),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine=engine,  # type: ignore[arg-type]
+    )
+    assert job.run().complete
+    assert {str(pq.read_schema(p).field("m_y").type) for p in out.glob("part-*")} == {"double"}
+    frame = pd.read_parquet(out).sort_values("id")
+    assert frame["m_y"].isna().sum() == 20 and frame["m_y"].tolist()[20:] == list(range(20, 40))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_unit_whose_first_batches_are_all_null_is_written_as_text(
+    tmp_path: Path, fmt: str
+) -> None:
+    """The same unit as text: an empty CSV field, a JSON ``null``, then the numbers."""
+    import pandas as pd
+
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=40),
+        models=(
+            chute.Model("m", _nulls_first, inputs=("id",), batch_format="numpy", batch_size=10),
+        ),
+        carryover=("id",),
+        output=chute.Sink(str(out), format=fmt),  # type: ignore[arg-type]
+        engine="local",
+    )
+    assert job.run().complete
+    (path,) = out.glob("part-*")
+    frame = pd.read_csv(path) if fmt == "csv" else pd.read_json(path, lines=True)
+    assert frame["m_y"].isna().sum() == 20 and frame["m_y"].tolist()[20:] == list(range(20, 40))
+
+
 @pytest.mark.parametrize("marked", [True, False])
 def test_only_the_files_the_ledger_marks_null_have_their_footers_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from chute.sinks import DataFile, PartRecord, PartWriter
+from chute.sinks.datafile import nulls_typed
 from chute.sinks.files import split_run
 
 HOLD_SECONDS = 5.0
@@ -220,10 +221,12 @@ class Coalescer:
     def _share(self, held: _Held) -> list[_Step]:
         """A whole unit appended to this writer thread's shared file (a new one if it does
         not fit)."""
+        runs = _alike(sorted(held.runs, key=lambda run: run[0].start))
+        if any(not rows.schema.equals(runs[0][1].schema) for _, rows in runs):
+            return self._alone(held, close=True)  # a column of two types: a file for each
         steps = []
         writer = threading.get_ident()
         shared, since = self._shared.pop(writer, (None, self._clock()))
-        runs = sorted(held.runs, key=lambda run: run[0].start)
         if shared is not None and not (
             self._fits(held.rows, held.nbytes, shared) and all(shared.takes(t) for _, t in runs)
         ):
@@ -231,9 +234,7 @@ class Coalescer:
             shared = None
         if shared is None:
             shared, since = self.writer.new_file(runs[0][0].unit, runs[0][0].start), self._clock()
-        step = _Step(shared, runs)
-        for record, rows in runs:
-            shared.plan(record, rows)
+        step = _Step(shared, [shared.plan(record, rows) for record, rows in runs])
         step.close = self._full(shared)
         if not step.close:
             self._shared[writer] = (shared, since)
@@ -243,7 +244,7 @@ class Coalescer:
         """The unit's held runs appended to its own files, a new one each time one fills
         (``close``: its last rows, so its last file is closed too)."""
         steps: list[_Step] = []
-        pending, later = _in_order(held, sorted(held.runs, key=lambda run: run[0].start), close)
+        pending, later = _in_order(held, _alike(sorted(held.runs, key=lambda r: r[0].start)), close)
         held.runs, held.alone = later, True
         held.rows = sum(rows.num_rows for _, rows in later)
         held.nbytes = sum(rows.nbytes for _, rows in later)
@@ -261,8 +262,7 @@ class Coalescer:
             if room < rows.num_rows and not record.error_rows:  # the rest to the next file
                 (record, rows), rest = split_run(record, rows, room)
                 pending.insert(0, rest)
-            file.plan(record, rows)
-            steps[-1].runs.append((record, rows))
+            steps[-1].runs.append(file.plan(record, rows))
             if self._full(file):
                 _close(steps, file)
                 held.file = None
@@ -312,6 +312,20 @@ def _in_order(held: _Held, runs: list[Run], everything: bool) -> tuple[list[Run]
         at = record.end
     held.next = at
     return runs, []
+
+
+def _alike(runs: list[Run]) -> list[Run]:
+    """A unit's runs with each column that some of them have of the ``null`` type (a model
+    returned only ``None`` for their rows) of the type the others have for it: a file takes
+    one schema, and the unit's rows go on in one file, not a new one each time the type
+    changes (:mod:`chute.runner.retype` types the files written before a type was known)."""
+    types: dict[str, pa.Field] = {}
+    for _, rows in runs:
+        for column in rows.schema:
+            if not pa.types.is_null(column.type):
+                types.setdefault(column.name, column)
+    like = pa.schema(list(types.values()))
+    return [nulls_typed(record, rows, like) for record, rows in runs]
 
 
 def _close(steps: list[_Step], file: DataFile) -> None:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from chute.formats import check_csv, csv_ready
 from chute.retry import retrying
 from chute.sinks.files import as_written, encode, parquet_options
-from chute.sinks.records import PartRecord
+from chute.sinks.records import PartRecord, describe_columns
 from chute.storage import is_local, put, settle, writing
 
 
@@ -55,14 +55,19 @@ class DataFile:
         self._given_up = False
 
     def takes(self, table: pa.Table) -> bool:
-        """Whether ``table``'s rows can follow those planned (the same columns and types)."""
-        return self.schema is None or table.schema.equals(self.schema)
+        """Whether ``table``'s rows can follow those planned: the same columns and types, a
+        column of the ``null`` type (all its values null) taking the file's type."""
+        return self.schema is None or typed_like(table.schema, self.schema).equals(self.schema)
 
-    def plan(self, record: PartRecord, table: pa.Table) -> None:
-        """Count a run of rows about to be appended."""
+    def plan(self, record: PartRecord, table: pa.Table) -> tuple[PartRecord, pa.Table]:
+        """Count a run of rows about to be appended; the run as the file takes it (its
+        ``null`` columns of the file's type, see :func:`nulls_typed`)."""
         self.rows += table.num_rows
         self.nbytes += table.nbytes
-        self.schema = self.schema or table.schema
+        if self.schema is None:
+            self.schema = table.schema
+            return record, table
+        return nulls_typed(record, table, self.schema)
 
     def append(self, records: Sequence[PartRecord], tables: Sequence[pa.Table]) -> None:
         """Write the runs' rows after those already in the file (the caller holds ``lock``)."""
@@ -164,3 +169,27 @@ class DataFile:
             with contextlib.suppress(OSError):  # what a full disk holds of it, freed
                 self._fs.delete_file(self._tmp)
             self._tmp = ""
+
+
+def typed_like(schema: pa.Schema, like: pa.Schema) -> pa.Schema:
+    """``schema`` with each column of the ``null`` type of the type ``like`` has for it,
+    where that is not ``null`` too."""
+    fields = []
+    for field in schema:
+        index = like.get_field_index(field.name)
+        typed = like.field(index).type if index >= 0 else field.type
+        fields.append(field.with_type(typed) if pa.types.is_null(field.type) else field)
+    return pa.schema(fields, schema.metadata)
+
+
+def nulls_typed(
+    record: PartRecord, table: pa.Table, like: pa.Schema
+) -> tuple[PartRecord, pa.Table]:
+    """A run whose model returned only ``None`` (a column of the ``null`` type) with that
+    column of ``like``'s type, its values still null: a Parquet writer takes one schema,
+    and a run of the ``null`` type beside a typed one in a file stopped the run. The
+    record's columns say the type written (the committer checks them)."""
+    typed = typed_like(table.schema, like)
+    if typed.equals(table.schema):
+        return record, table
+    return replace(record, columns=describe_columns(typed)), table.cast(typed)
