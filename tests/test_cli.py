@@ -416,6 +416,28 @@ def test_a_list_column_sent_to_csv_is_refused_before_any_compute(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kind", [pa.binary(), pa.large_binary(), pa.binary(2)], ids=["binary", "large", "fixed"]
+)
+def test_a_binary_column_sent_to_csv_is_refused_before_any_compute(
+    tmp_path: Path, kind: pa.DataType
+) -> None:
+    """Carried bytes passed validate; the run wrote those that were UTF-8 as if text and
+    stopped at the first unit with others on Arrow's "Invalid UTF8 payload", naming no
+    column, after the units before it had committed."""
+    (tmp_path / "in").mkdir()
+    table = pa.table({"tip_score": [0.5, 1.0], "raw": pa.array([b"ok", b"\xff\xfe"], kind)})
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    job = _model_only_job(tmp_path, "in", fmt="csv", carry="[raw, tip_score]")
+    for command in ("validate", "plan", "run"):
+        code, out = invoke(command, str(job))
+        assert code == 2, out
+        assert f"column(s) 'raw' ({kind}) hold bytes" in " ".join(out.split())
+        assert "JSON Lines writes bytes as base64" in " ".join(out.split())
+        assert not (tmp_path / "out").exists()
+
+
 def test_ctrl_c_says_how_to_resume_only_where_there_is_something_to_resume(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

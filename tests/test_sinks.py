@@ -349,6 +349,38 @@ def test_a_list_column_the_plan_cannot_see_is_refused_by_the_csv_writer(
     assert not list(out.glob("part-*"))
 
 
+def _bytes(batch: dict[str, np.ndarray]) -> dict[str, pa.Array]:
+    """Bytes per row, UTF-8 in most rows but not in row 50."""
+    return {"raw": pa.array([b"\xff" if i == 50 else b"%d" % i for i in batch["x"]], pa.binary())}
+
+
+@pytest.mark.timeout(300)
+def test_a_binary_column_the_plan_cannot_see_is_refused_by_the_csv_writer(
+    engine: str, tmp_path: Path
+) -> None:
+    """A model's bytes that were UTF-8 were written as if text, and the unit with others
+    stopped the run on Arrow's "Invalid UTF8 payload", naming no column (on Ray, with Ray's
+    advice to retry)."""
+    import chute
+    from chute.errors import ConfigError
+
+    table = pa.table({"id": np.arange(100), "x": np.arange(100)})
+    model = chute.Model("m", _bytes, inputs=("x",), batch_format="numpy", batch_size=10)
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=TableSource(table, unit_rows=10),
+        models=[model],
+        engine=engine,
+        output=Sink(str(out), "csv"),
+    )
+    with pytest.raises(ConfigError) as info:
+        job.run()
+    assert "column(s) 'm_raw' (binary) hold bytes" in str(info.value)
+    assert "JSON Lines writes bytes as base64" in str(info.value)
+    assert "UTF8" not in str(info.value) and "retried_map_errors" not in str(info.value)
+    assert not list(out.glob("part-*"))
+
+
 def _swaps(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     a, b = batch["id"] * 1.0, batch["id"] * 2.0
     return {"a": a, "b": b} if batch["id"][0] % 20 == 0 else {"b": b, "a": a}

@@ -9,9 +9,10 @@ write a bare count of the column's unit; decimals are strings (exact); lists and
 are JSON arrays and objects, maps arrays of ``[key, value]`` pairs (keys of any type, kept
 in order).
 
-CSV holds flat columns only: a list, tensor or struct column cannot be written to it
-(:func:`csv_error`, raised when the job is planned where the column is known, else by
-the writer).
+CSV holds flat text columns only: a list, tensor or struct column cannot be written to
+it, nor a binary one (Arrow writes bytes as they are: those that are not UTF-8 stopped the
+write at the unit that held them, after earlier units had committed); :func:`csv_error`,
+raised when the job is planned where the column is known, else by the writer.
 """
 
 from __future__ import annotations
@@ -38,21 +39,47 @@ def nested(kind: pa.DataType) -> bool:
     return bool(pa.types.is_nested(kind))
 
 
+def binary(kind: pa.DataType) -> bool:
+    """Whether a column of ``kind`` holds bytes (binary of any width, or a dictionary of
+    them)."""
+    if isinstance(kind, pa.ExtensionType):
+        return binary(kind.storage_type)
+    if pa.types.is_dictionary(kind):
+        return binary(kind.value_type)
+    return bool(
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+        or pa.types.is_binary_view(kind)
+    )
+
+
 def csv_error(columns: Iterable[tuple[str, pa.DataType | str]]) -> ConfigError:
-    """CSV cannot hold these columns: name them and the formats that can."""
+    """CSV cannot hold these columns (nested or binary, or a string saying what they
+    hold): name them and the formats that can."""
+    columns = list(columns)
     named = ", ".join(f"{name!r} ({kind})" for name, kind in columns)
+    of_bytes = sum(not isinstance(kind, str) and binary(kind) for _, kind in columns)
+    held = [("lists or tensors", of_bytes < len(columns)), ("bytes", of_bytes > 0)]
+    what = " and ".join(name for name, some in held if some)
     return ConfigError(
-        f"the output format is csv, but column(s) {named} hold lists or tensors, which CSV "
-        "cannot hold. Write Parquet or JSON Lines instead (output: {path: …, format: parquet} "
-        "or format: jsonl), or leave the column out of the output."
+        f"the output format is csv, but column(s) {named} hold {what}, which "
+        "CSV cannot hold. Write Parquet or JSON Lines instead (output: {path: …, format: "
+        "parquet} or format: jsonl; JSON Lines writes bytes as base64 text), or leave the "
+        "column out of the output."
     )
 
 
 def check_csv(schema: pa.Schema) -> None:
-    """Raise :func:`csv_error` for the nested columns of ``schema``, if any."""
-    bad = [(f.name, f.type) for f in schema if nested(f.type)]
+    """Raise :func:`csv_error` for the columns of ``schema`` CSV cannot hold, if any."""
+    bad = [(f.name, f.type) for f in schema if not csv_holds(f.type)]
     if bad:
         raise csv_error(bad)
+
+
+def csv_holds(kind: pa.DataType) -> bool:
+    """Whether CSV holds a column of ``kind``: flat, and not bytes."""
+    return not (nested(kind) or binary(kind))
 
 
 def csv_ready(table: pa.Table) -> pa.Table:

@@ -24,7 +24,7 @@ from chute.errors import (
     missing_columns_error,
 )
 from chute.evaluation import Evaluation
-from chute.formats import csv_error, nested
+from chute.formats import csv_error, csv_holds
 from chute.job import BatchFormat, JobSpec, Model, Preprocess, Sink
 from chute.job.values import show_bytes
 from chute.metrics import Metric, Sliced
@@ -426,11 +426,12 @@ def _passed_through(job: JobSpec, plan: Plan, first: Unit) -> tuple[str, ...]:
 
 
 def _check_csv(job: JobSpec, schema: pa.Schema, carry: list[str]) -> None:
-    """CSV output cannot hold list or tensor columns: refuse those known now (carried
-    input columns, adapter outputs that are always lists); the writer refuses the rest."""
+    """CSV output cannot hold list, tensor or binary columns: refuse those known now
+    (carried input columns, adapter outputs that are always lists); the writer refuses the
+    rest (a model's bytes) before it writes any of them."""
     if job.output is None or job.output.format != "csv":
         return
-    bad = [(c, schema.field(c).type) for c in carry if nested(schema.field(c).type)]
+    bad = [(c, schema.field(c).type) for c in carry if not csv_holds(schema.field(c).type)]
     for model in job.models:
         if isinstance(model.fn, AdapterSpec):
             listed = model.fn.load_class().list_outputs(model.fn.options)
