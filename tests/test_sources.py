@@ -479,3 +479,16 @@ def test_an_unknown_input_format_is_named(given: str, hint: str) -> None:
     with pytest.raises(ConfigError) as info:
         FileSource("data/", format=given)
     assert str(info.value).endswith(f"in a job file).{hint}")
+
+
+def test_a_link_to_a_file_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    """Arrow's listing leaves such a link out without a word: the file it stood for was
+    in neither the output nor the report, and the run was complete."""
+    root = tmp_path / "in"
+    (root / "day").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1.0]}), root / "a.parquet")
+    (root / ".hidden.parquet").symlink_to(tmp_path / "nowhere.parquet")  # not an input
+    assert [Path(u.id).name for u in FileSource(str(root)).plan()] == ["a.parquet"]
+    (root / "day" / "b.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(DataError, match=r"day/b\.parquet' is a symbolic link to .*gone\.parquet"):
+        FileSource(str(root)).plan()
