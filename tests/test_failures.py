@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,38 @@ def test_a_resume_writes_the_types_of_the_parts_an_earlier_run_committed(
     job.run(overwrite=True)
     table = pq.read_table(tmp_path / "out")
     assert table.schema.field("m_v").type == pa.float64() and table.num_rows == 400
+
+
+def _pairs(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A list column (an embedding's shape) and a struct holding one."""
+    ids = batch["id"].astype(np.float64)
+    pairs = pa.array([[v, -v] for v in ids], pa.list_(pa.float64()))
+    return {"v": pairs, "s": pa.StructArray.from_arrays([pairs], names=["a"])}
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_of_a_ledger_that_spells_types_as_arrow_does(tmp_path: Path) -> None:
+    """An older chute noted ``list<item: double>`` where it now notes ``list<double>``: a
+    job it began, resumed, took its own list column for another type (exit 4)."""
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(4):
+        pq.write_table(pa.table({"id": np.arange(i * 100, i * 100 + 100)}), data / f"{i}.parquet")
+    job = chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(chute.Model("m", _pairs, inputs=("id",), batch_format="numpy"),),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out"), file_rows=100),  # a file a unit
+        engine="local",
+    )
+    job.run()
+    ledger = tmp_path / "out" / "_chute" / "ledger.jsonl"
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert any(["m_v", "list<double>"] in line.get("columns", []) for line in lines)
+    old = json.dumps(lines).replace("list<double>", "list<item: double>")
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in json.loads(old)))
+    sorted((tmp_path / "out").glob("part-*"))[-1].unlink()  # that unit is computed again
+    again = job.run()
+    assert again.units_done == 1
+    table = pq.read_table(tmp_path / "out")
+    assert table.schema.field("m_v").type == pa.list_(pa.float64()) and table.num_rows == 400

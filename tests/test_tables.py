@@ -450,6 +450,61 @@ def test_a_column_type_the_table_cannot_hold_is_named(fmt: str, where: str, tmp_
         assert not list((tmp_path / "t").rglob("part-*"))
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_times_in_seconds_and_a_column_of_nulls_carried_into_a_new_table(
+    fmt: str, tmp_path: Path
+) -> None:
+    """A CSV's times are read as seconds, which Delta refuses: every unit was computed,
+    then the commit died with Rust's backtrace. A column null in every row has no type a
+    table could take: named, with what to do (Iceberg's converter raised a bare
+    ValueError before any compute)."""
+    root = tmp_path / "in"
+    root.mkdir()
+    ids = np.arange(100, dtype=np.int64)
+    at = pa.array(ids * 60, pa.timestamp("s"))
+    columns = {"id": ids, "x": ids * 0.1, "at": at, "z": pa.nulls(100)}
+    pq.write_table(pa.table(columns), root / "a.parquet")
+    model = chute.Model("m", Embed(), inputs=("id", "x"), batch_format="numpy")
+
+    def carrying(*names: str) -> chute.Job:
+        sink = table_sink(fmt, tmp_path / "-".join(names))
+        return chute.Job(chute.FileSource(str(root)), (model,), carryover=names, output=sink)
+
+    timed = carrying("id", "at")
+    assert timed.run().rows_out == 100
+    assert isinstance(timed.output, TableSink)
+    frame = read_table(timed.output)
+    assert list(frame.sort_values("id")["at"]) == list(pd.to_datetime(ids * 60, unit="s"))
+    with pytest.raises(chute.ModelError, match=r"'z' is null in every row .* carried input"):
+        carrying("id", "z").run()
+
+
+class _Interval:
+    """A model whose output is an interval, which Lance's writer cannot store."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> pa.Array:
+        return pa.array([(1, 2, 3)] * len(batch["id"]), pa.month_day_nano_interval())
+
+
+@pytest.mark.timeout(120)
+def test_a_type_lance_cannot_store_is_lances_own_error_not_a_missing_dataset(
+    tmp_path: Path,
+) -> None:
+    """The first write to a new dataset: the error asked for the dataset's columns, which
+    a dataset not yet made has none of, and said "Dataset ... was not found"."""
+    root = tmp_path / "in"
+    root.mkdir()
+    pq.write_table(pa.table({"id": np.arange(10)}), root / "a.parquet")
+    model = chute.Model("m", _Interval(), inputs=("id",), batch_format="numpy")
+    sink = table_sink("lance", tmp_path)
+    job = chute.Job(chute.FileSource(str(root)), (model,), carryover=("id",), output=sink)
+    with pytest.raises(chute.ChuteError) as info:
+        job.run()
+    assert "Unsupported data type" in str(info.value)
+    assert "was not found" not in str(info.value)
+
+
 def _create(sink: TableSink, table: pa.Table) -> None:
     if sink.format == "iceberg":
         from pyiceberg.catalog import load_catalog

@@ -463,7 +463,8 @@ class TableLedger(Ledger):
                     f"column {void[0]!r} is null in every row of a part written for "
                     f"{self._name()}, so it has no type a table column could take. Return "
                     "typed nulls from the model (pa.nulls(n, pa.float64()), or a float "
-                    "array of NaN), or values."
+                    "array of NaN), or values; a carried input column null in every row: cast "
+                    "it in a preprocess step, or leave it out of the carryover."
                 )
             if schema is None:
                 schema = written

@@ -21,6 +21,7 @@ from chute.metrics import State
 from chute.plan import Plan
 from chute.report import ProgressBar, StageStats, add_counters, progress_note
 from chute.sinks import PartRecord, read_ipc
+from chute.sinks.records import canonical_text
 from chute.sources import Unit
 from chute.stages import KEY, decode
 
@@ -395,7 +396,8 @@ class Committer:
         )
         for entry in entries:
             if entry.get("columns"):
-                self._agree(entry["columns"], f"the parts of unit {entry['unit']!r}")
+                columns = [[name, canonical_text(kind)] for name, kind in entry["columns"]]
+                self._agree(columns, f"the parts of unit {entry['unit']!r}")
                 self._absorbed = True
 
     def missing(self) -> list[Unit]:

@@ -5,6 +5,7 @@ in a batch (:func:`runs`)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -84,6 +85,17 @@ def describe_columns(schema: pa.Schema) -> str:
     return json.dumps(
         [[f.name, type_text(f.type)] for f in schema if not f.name.startswith("__chute")]
     )
+
+
+_INNER_NAME = re.compile(r"\b(list|large_list|fixed_size_list)<[^<>:,\s]+: ")
+_ENTRIES_NAME = re.compile(r" \('[^']*'\)>")
+
+
+def canonical_text(text: str) -> str:
+    """A type text as :func:`type_text` writes it, from ``str(type)`` as an older chute
+    wrote it in its ledger (``list<item: double>``, ``map<string, int64 ('tags')>``): a
+    resume of an embedding job that chute began took its own column for another type."""
+    return _ENTRIES_NAME.sub(">", _INNER_NAME.sub(r"\1<", text))
 
 
 def type_text(kind: pa.DataType) -> str:

@@ -331,14 +331,15 @@ def _not_null(table: pa.Table, sink: TableSink, unit: int) -> pa.Table:
 
 def _microseconds_utc(table: pa.Table) -> pa.Table:
     """Timestamps as Iceberg and Delta store them: microseconds (a Delta table made with
-    pandas' nanoseconds needs a reader feature its own reader lacks; Iceberg refuses them),
-    and, where zoned, in UTC (the same instants). A nanosecond value that microseconds
-    cannot hold is refused, never rounded."""
+    pandas' nanoseconds needs a reader feature its own reader lacks; Iceberg refuses them;
+    Delta refuses seconds, which a CSV's times are read as), and, where zoned, in UTC (the
+    same instants). A nanosecond value that microseconds cannot hold is refused, never
+    rounded."""
     for i, column_field in enumerate(table.schema):
         kind = column_field.type
-        if not pa.types.is_timestamp(kind) or (kind.unit != "ns" and kind.tz in (None, "UTC")):
+        if not pa.types.is_timestamp(kind) or (kind.unit == "us" and kind.tz in (None, "UTC")):
             continue
-        want = pa.timestamp("us" if kind.unit == "ns" else kind.unit, tz=kind.tz and "UTC")
+        want = pa.timestamp("us", tz=kind.tz and "UTC")
         try:
             column = table.column(i).cast(want)  # safe: a lost nanosecond raises
         except pa.ArrowInvalid as exc:

@@ -450,8 +450,10 @@ def check_storable(table: Table, schema: pa.Schema, where: str) -> None:
     """Refuse columns whose type ``table``'s format cannot hold, naming them and the fix:
     the format's own error came from deep in a commit, after every unit was computed
     (Delta: "External error: Schema error: Invalid data type", with Rust's backtrace).
-    Timestamps are left to the writer, which stores them in microseconds."""
-    bad = [f for f in table.unsupported(schema) if not pa.types.is_timestamp(f.type)]
+    Timestamps are left to the writer, which stores them in microseconds, and a column of
+    the null type to the commit's check, which says what to do about it."""
+    leave = (pa.types.is_timestamp, pa.types.is_null)  # the writer's, the commit's own check
+    bad = [f for f in table.unsupported(schema) if not any(test(f.type) for test in leave)]
     if bad:
         names = ", ".join(f"{f.name!r} ({f.type})" for f in bad)
         raise DataError(

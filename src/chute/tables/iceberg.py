@@ -60,7 +60,7 @@ class Iceberg:
         for column in schema:
             try:
                 _pyarrow_to_schema_without_ids(pa.schema([column]))
-            except UnsupportedPyArrowTypeException:
+            except (UnsupportedPyArrowTypeException, ValueError):  # ValueError: the null type
                 out.append(column)
         return out
 

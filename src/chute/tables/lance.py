@@ -46,7 +46,10 @@ def write_fragments(
     except OSError as error:
         if "schema" not in str(error).lower():
             raise
-        dataset = lance.dataset(location, storage_options=options)  # there is one: it refused
+        try:  # a dataset's columns refused the rows; or a type Lance has no way to store
+            dataset = lance.dataset(location, storage_options=options)
+        except (OSError, ValueError):
+            raise error from None
         check_schema(dataset.schema, table.schema, f"the lance table {location}", ordered=True)
         raise
     return [dict(f.to_json()) for f in fragments]
@@ -81,7 +84,7 @@ class Lance:
         return bool(fs.get_file_info(selector))
 
     def unsupported(self, schema: pa.Schema) -> list[pa.Field]:
-        return []  # Lance holds any Arrow type
+        return []  # Lance's writer names a type it cannot hold (an interval) itself
 
     def schema(self) -> pa.Schema | None:
         dataset = self._load()
