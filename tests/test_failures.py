@@ -125,6 +125,21 @@ def _typed_by_environment(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     return {"v": batch["id"] * 2}
 
 
+def _four_units(tmp_path: Path, model: Any) -> chute.Job:
+    """A job of four 100-row Parquet files, each unit's rows in a file of their own."""
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(4):
+        pq.write_table(pa.table({"id": np.arange(i * 100, i * 100 + 100)}), data / f"{i}.parquet")
+    return chute.Job(
+        source=chute.FileSource(str(data)),
+        models=(chute.Model("m", model, inputs=("id",), batch_format="numpy"),),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out"), file_rows=100),  # a file a unit
+        engine="local",
+    )
+
+
 @pytest.mark.timeout(120)
 def test_a_resume_writes_the_types_of_the_parts_an_earlier_run_committed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -132,17 +147,7 @@ def test_a_resume_writes_the_types_of_the_parts_an_earlier_run_committed(
     """Each run compared types only among its own parts: units committed as int64, then a
     run that redid one of them with a model giving float64 ended complete with files of
     both types, and the output could not be read as one dataset."""
-    data = tmp_path / "in"
-    data.mkdir()
-    for i in range(4):
-        pq.write_table(pa.table({"id": np.arange(i * 100, i * 100 + 100)}), data / f"{i}.parquet")
-    job = chute.Job(
-        source=chute.FileSource(str(data)),
-        models=(chute.Model("m", _typed_by_environment, inputs=("id",), batch_format="numpy"),),
-        carryover=("id",),
-        output=chute.Sink(str(tmp_path / "out"), file_rows=100),  # a file a unit
-        engine="local",
-    )
+    job = _four_units(tmp_path, _typed_by_environment)
     job.run()
     parts = sorted((tmp_path / "out").glob("part-*"))
     assert len(parts) == 4
@@ -167,17 +172,7 @@ def _pairs(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 def test_a_resume_of_a_ledger_that_spells_types_as_arrow_does(tmp_path: Path) -> None:
     """An older chute noted ``list<item: double>`` where it now notes ``list<double>``: a
     job it began, resumed, took its own list column for another type (exit 4)."""
-    data = tmp_path / "in"
-    data.mkdir()
-    for i in range(4):
-        pq.write_table(pa.table({"id": np.arange(i * 100, i * 100 + 100)}), data / f"{i}.parquet")
-    job = chute.Job(
-        source=chute.FileSource(str(data)),
-        models=(chute.Model("m", _pairs, inputs=("id",), batch_format="numpy"),),
-        carryover=("id",),
-        output=chute.Sink(str(tmp_path / "out"), file_rows=100),  # a file a unit
-        engine="local",
-    )
+    job = _four_units(tmp_path, _pairs)
     job.run()
     ledger = tmp_path / "out" / "_chute" / "ledger.jsonl"
     lines = [json.loads(line) for line in ledger.read_text().splitlines()]

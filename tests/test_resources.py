@@ -519,6 +519,16 @@ def test_tuned_malloc_keeps_a_batchs_big_buffers_for_the_next(tuning: str) -> No
         "keep_freed_memory()\n"
         "print(json.dumps(malloc_16mib()))\n"
     )
+    seen = _in_a_fresh_process(probe, tuning)
+    if tuning == "1":
+        assert seen["mapped"] < 4 * MIB and seen["kept"] >= 12 * MIB
+    else:
+        assert seen["mapped"] >= 16 * MIB and seen["kept"] < 4 * MIB
+
+
+def _in_a_fresh_process(probe: str, tuning: str) -> Any:
+    """What ``probe`` prints last (JSON), run in a Python process of its own with
+    ``CHUTE_MALLOC_TUNING=tuning``."""
     env = {**os.environ, "CHUTE_MALLOC_TUNING": tuning}
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -529,11 +539,7 @@ def test_tuned_malloc_keeps_a_batchs_big_buffers_for_the_next(tuning: str) -> No
         timeout=120,
         check=True,
     )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    if tuning == "1":
-        assert seen["mapped"] < 4 * MIB and seen["kept"] >= 12 * MIB
-    else:
-        assert seen["mapped"] >= 16 * MIB and seen["kept"] < 4 * MIB
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 class MallocProbe:
@@ -562,17 +568,7 @@ def test_a_local_run_tunes_its_processs_malloc(tuning: str) -> None:
         "report = chute.Job(chute.TableSource(table), (model,), engine='local').run()\n"
         "print(json.dumps(max(report.result.column('m_mapped').to_pylist())))\n"
     )
-    env = {**os.environ, "CHUTE_MALLOC_TUNING": tuning}
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=Path(__file__).parent.parent,
-        timeout=120,
-        check=True,
-    )
-    mapped = json.loads(done.stdout.strip().splitlines()[-1])
+    mapped = _in_a_fresh_process(probe, tuning)
     if tuning == "1":
         assert mapped < 4 * MIB
     else:

@@ -474,6 +474,19 @@ def test_files_written_before_a_columns_type_was_known_get_it(tmp_path: Path, en
     assert "nothing to do" in (job.run().stopped or "")  # the ledger names the new files
 
 
+def _one_unit_nulls_first(sink: chute.Sink, engine: str) -> chute.Job:
+    """One unit of four 10-row batches, the first two all ``None``."""
+    return chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=40),
+        models=(
+            chute.Model("m", _nulls_first, inputs=("id",), batch_format="numpy", batch_size=10),
+        ),
+        carryover=("id",),
+        output=sink,
+        engine=engine,  # type: ignore[arg-type]
+    )
+
+
 @pytest.mark.timeout(120)
 def test_a_unit_whose_first_batches_are_all_null_is_written_typed(
     tmp_path: Path, engine: str
@@ -484,16 +497,7 @@ def test_a_unit_whose_first_batches_are_all_null_is_written_typed(
     import pandas as pd
 
     out = tmp_path / "out"
-    job = chute.Job(
-        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=40),
-        models=(
-            chute.Model("m", _nulls_first, inputs=("id",), batch_format="numpy", batch_size=10),
-        ),
-        carryover=("id",),
-        output=chute.Sink(str(out)),
-        engine=engine,  # type: ignore[arg-type]
-    )
-    assert job.run().complete
+    assert _one_unit_nulls_first(chute.Sink(str(out)), engine).run().complete
     assert {str(pq.read_schema(p).field("m_y").type) for p in out.glob("part-*")} == {"double"}
     frame = pd.read_parquet(out).sort_values("id")
     assert frame["m_y"].isna().sum() == 20 and frame["m_y"].tolist()[20:] == list(range(20, 40))
@@ -508,16 +512,8 @@ def test_a_unit_whose_first_batches_are_all_null_is_written_as_text(
     import pandas as pd
 
     out = tmp_path / "out"
-    job = chute.Job(
-        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=40),
-        models=(
-            chute.Model("m", _nulls_first, inputs=("id",), batch_format="numpy", batch_size=10),
-        ),
-        carryover=("id",),
-        output=chute.Sink(str(out), format=fmt),  # type: ignore[arg-type]
-        engine="local",
-    )
-    assert job.run().complete
+    sink = chute.Sink(str(out), format=fmt)  # type: ignore[arg-type]
+    assert _one_unit_nulls_first(sink, "local").run().complete
     (path,) = out.glob("part-*")
     frame = pd.read_csv(path) if fmt == "csv" else pd.read_json(path, lines=True)
     assert frame["m_y"].isna().sum() == 20 and frame["m_y"].tolist()[20:] == list(range(20, 40))
