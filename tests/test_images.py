@@ -419,12 +419,14 @@ def test_a_photo_whose_name_starts_with_an_underscore_is_read(tmp_path: Path) ->
             (tmp_path / name).write_text("")
     names = sorted(Path(p).name for p in ImageSource(str(tmp_path)).files())
     assert names == ["_DSC0001.JPG", "a.png"]
+    globbed = sorted(Path(p).name for p in ImageSource(str(tmp_path / "*.*")).files())
+    assert globbed == names  # a glob keeps what the folder's listing keeps
     (tmp_path / "parquet").mkdir()
     for name in ("x.parquet", "_y.parquet"):
         pd.DataFrame({"v": [1]}).to_parquet(tmp_path / "parquet" / name)
-    assert [Path(p).name for p in chute.FileSource(str(tmp_path / "parquet")).files()] == [
-        "x.parquet"
-    ]
+    for where in ("parquet", "parquet/*.parquet"):
+        files = chute.FileSource(str(tmp_path / where)).files()
+        assert [Path(p).name for p in files] == ["x.parquet"]
 
 
 def test_a_file_named_in_the_input_that_is_not_jpeg_or_png_is_refused(tmp_path: Path) -> None:

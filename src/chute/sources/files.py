@@ -94,7 +94,7 @@ def _listing(
     if has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
-        matches = _glob(path).fullmatch
+        matches = _glob(path, underscore_files).fullmatch
         files = [i for i in infos if i.is_file and matches(i.path)]
         if not files:
             raise DataError(f"the glob {redact(original)!r} matches no files. Check the pattern.")
@@ -158,29 +158,31 @@ def _points_nowhere(link: str) -> bool:
     return False
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
+def _glob(pattern: str, underscore_files: bool = True) -> re.Pattern[str]:
     """A glob as a shell reads it: ``*``, ``?`` and ``[...]`` within one path segment,
     ``**`` any number of folders; a wildcard never matches a name's leading ``.`` or ``_``
     (hidden files, a Spark job's ``_temporary/`` attempts, chute's ``_errors/``), which
-    only a segment spelled with it names."""
+    only a segment spelled with it names. Without ``underscore_files`` a file's own leading
+    ``_`` is matched, as a folder's listing keeps it (an image source: ``_DSC0001.JPG``)."""
     out: list[str] = []
     segments = pattern.split("/")
     for k, segment in enumerate(segments):
         if segment == "**":
             out.append(r"(?:(?![._])[^/]+/)*")
             continue
-        out.append(_glob_segment(segment))
+        last = k == len(segments) - 1
+        out.append(_glob_segment(segment, hidden="." if last and not underscore_files else "._"))
         if k < len(segments) - 1:
             out.append("/")
     return re.compile("".join(out))
 
 
-def _glob_segment(segment: str) -> str:
+def _glob_segment(segment: str, hidden: str = "._") -> str:
     out: list[str] = []
     i = 0
     while i < len(segment):
         c = segment[i]
-        lead = r"(?![._])" if i == 0 else ""
+        lead = rf"(?![{hidden}])" if i == 0 else ""
         if c == "*":
             out.append(lead + "[^/]*")
         elif c == "?":
