@@ -101,21 +101,26 @@ def check_machine(job: JobSpec) -> str:
                 f"has {cores:,}: no replica could ever start. Set resources.cpus to {cores} "
                 "or less, or run on a cluster that has such nodes (--address)."
             )
-    _check_memory(job)
+    check_memory(job)
     check_local(list(job.models))
     return f"resources fit this machine ({cores:,} CPUs)"
 
 
-def _check_memory(job: JobSpec) -> None:
+def check_memory(job: JobSpec) -> None:
     """Replicas' ``resources.memory`` within what the engine offers here: the local
     engine runs them all in this process, so what they ask for together must be on this
     machine (``validate`` said a 500 GiB replica fit a 24 GiB machine); a local Ray offers
     less than the machine has (``validate`` passed what its run then refused)."""
     asked = [(m, m.resources.memory * max(1, m.pool.min)) for m in job.models if m.resources.memory]
-    if not asked:
+    if not asked or remote(job):
         return
-    offer = local_memory(choose(job)[0])
-    total, where = offer if offer else (_machine_memory(), "this machine")
+    name = choose(job)[0]
+    if ENGINES[name].local_memory is None:
+        total, where = _machine_memory(), "this machine"
+    elif (offer := local_memory(name)) is not None:
+        total, where = offer
+    else:  # a Ray already running in this process: the engine checks against what it has
+        return
     if total is None:
         return
     for model, memory in asked:

@@ -19,7 +19,7 @@ from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
 from chute.ledger import Ledger
 from chute.plan import Plan, build_plan
-from chute.preflight import check_job, check_machine
+from chute.preflight import check_job, check_memory
 from chute.report import ProgressBar, Report
 from chute.runner.committer import Committer
 from chute.runner.reporting import Run, report_of
@@ -53,7 +53,7 @@ def run_job(
     plan = build_plan(job, limit=limit)
     name, reason = engines.choose(job)
     engine = engines.create(name, EngineOptions(job.address, verbose))
-    check_machine(job)  # what this machine cannot give: before a local Ray is started for it
+    check_memory(job)  # more than a local Ray would offer: refused before one is started
     engine.prepare(plan)  # GPUs the machine lacks, an unreachable cluster: before any write
     description = job.describe()  # once: it hashes in-memory data and model arguments
     run = Run(plan, fingerprint_of(description), started, name, reason, started_at)
