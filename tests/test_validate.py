@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from chute.cli import main
 from chute.demo import generate
-from chute.engines import local_memory
 from chute.engines.resources import local_gpus
 from chute.ledger import Ledger
 
@@ -136,9 +135,7 @@ def test_a_replica_over_what_a_local_ray_offers_is_refused_before_ray_starts(
     compared with the machine's, passed, and the run then refused (after starting Ray)."""
     pytest.importorskip("ray")
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    offer = local_memory("ray")  # at most 70% of the memory free
-    asked = int(machine * 0.9)  # fits the machine, never what a local Ray offers
-    assert offer is not None and offer[0] < asked
+    asked = int(machine * 0.9)  # fits the machine, never a local Ray's 70% of what is free
     memory = f"batch_format: numpy\n    resources: {{memory: {asked}}}"
     job = edit(job_dir, "batch_format: numpy", memory)
     job = edit(job_dir, "output:", "engine: ray\noutput:")
