@@ -76,10 +76,10 @@ TABLE_BATCH_MAX_SECONDS = 60.0
 """The longest a completed unit waits for its table commit, on a long run."""
 log = logging.getLogger("chute")
 ABANDONED = "abandoned"
+"""In a job's folder: a later run was told (``--overwrite``) to leave this job unfinished."""
 RETIRED = "retired.json"
 """The data files of committed units the table no longer holds (:meth:`TableLedger.
 _forget_lost`): kept, never swept as orphans, since older snapshots may name them."""
-"""In a job's folder: a later run was told (``--overwrite``) to leave this job unfinished."""
 
 
 class TableLedger(Ledger):
@@ -339,8 +339,8 @@ class TableLedger(Ledger):
             )
         files = {f[0] for unit in gone for f in self._entries[unit].get("files", [])}
         files = {p for p in files if p.startswith(f"{DATA_DIR}/")}  # not its errors parts
-        if files - self._retired():
-            self._write_json(RETIRED, sorted(self._retired() | files))
+        if files - (retired := self._retired()):
+            self._write_json(RETIRED, sorted(retired | files))
         for unit in gone:
             del self._entries[unit]
 

@@ -181,15 +181,17 @@ class PartWriter:
         if marker == EMPTY:  # a unit without rows: done, with nothing to write
             return PartRecord(unit, 0, 0, 0, "", 0, 0.0), None
         failed = _failed_mask(errors)
+        input_rows = 0
         if failed is None or errors is None:
             errors = None
         else:
             part = part.filter(pa.array(~failed))
-            errors = errors.filter(pa.array(failed)).rename_columns(
+            errors = errors.filter(pa.array(failed))
+            input_rows = _unreadable_rows(errors)  # by chute's own column: a carried "model"
+            errors = errors.rename_columns(
                 [*self.output.carryover, "model", "error_type", "error_message"]
             )
         error_rows = 0 if errors is None else errors.num_rows
-        input_rows = 0 if errors is None else _unreadable_rows(errors)
         if self.sink is None:
             data = to_ipc(part)
             record = PartRecord(
@@ -372,9 +374,9 @@ def _slice(table: pa.Table | None, lo: int, hi: int) -> pa.Table | None:
 
 
 def _unreadable_rows(errors: pa.Table) -> int:
-    """How many failed rows (as the errors part names them) are input rows that could not
+    """How many failed rows (by chute's own error columns) are input rows that could not
     be decoded, not a model's failures."""
-    models = errors.column("model").to_numpy(zero_copy_only=False)
+    models = errors.column(ERROR_MODEL).to_numpy(zero_copy_only=False)
     return int(np.count_nonzero(models == UNREADABLE))
 
 
