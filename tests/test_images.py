@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -250,6 +252,24 @@ def test_a_corrupt_image_is_skipped_and_reported_the_rest_predicted(
     assert list(errors.path) == [str(corrupt / "img0007.png")]
     assert errors.error_type[0] == "DataError" and "cannot decode image" in errors.error_message[0]
     assert str(corrupt / "img0007.png") not in set(out.path) and len(set(out.path)) == 299
+
+
+@pytest.mark.timeout(180)
+def test_an_undecodable_image_carried_to_the_errors_is_null_not_black(
+    corrupt: Path, tmp_path: Path, engine: str
+) -> None:
+    """With the image itself carried, the errors dataset held the undecodable file's row
+    with an all-zero image: a black picture that the file never held."""
+    job = _job(corrupt, tmp_path / "out", engine, on_bad_input="skip")
+    report = dataclasses.replace(job, carryover=("path", "image")).run()
+    assert (report.rows_in, report.rows_out, report.rows_failed) == (300, 299, 1)
+    errors = pq.read_table(tmp_path / "out" / "_errors")
+    assert errors.column("path").to_pylist() == [str(corrupt / "img0007.png")]
+    assert errors.column("image").null_count == 1
+    out = pq.read_table(tmp_path / "out")
+    assert out.column("image").null_count == 0 and out.num_rows == 299
+    means = out.column("image").combine_chunks().to_numpy_ndarray().reshape(299, -1).mean(axis=1)
+    assert np.allclose(np.sort(means), np.sort(out.column("b_mean").to_numpy()))
 
 
 @pytest.mark.timeout(180)

@@ -241,7 +241,7 @@ class ImageSource(FileSource):
             except DataError as exc:
                 bad.append((row, str(exc)))
             self._still_listed(path, size, stamp)
-        table = self._table(files, pixels, columns)
+        table = self._table(files, pixels, columns, [row for row, _ in bad])
         if bad:
             raise UnreadableRows(
                 f"{bad[0][1]} ({len(bad)} of {len(files)} images in this unit cannot be "
@@ -253,14 +253,23 @@ class ImageSource(FileSource):
         return table
 
     def _table(
-        self, files: list[str], pixels: np.ndarray, columns: Sequence[str] | None
+        self,
+        files: list[str],
+        pixels: np.ndarray,
+        columns: Sequence[str] | None,
+        undecoded: Sequence[int] = (),
     ) -> pa.Table:
-        table = pa.table(
-            {
-                PATH: pa.array(files, pa.string()),
-                IMAGE: pa.FixedShapeTensorArray.from_numpy_ndarray(pixels),
-            }
-        )
+        """The unit's rows; an image that could not be decoded is null (its row goes to
+        the errors dataset, where zeros would read as a black picture)."""
+        image = pa.FixedShapeTensorArray.from_numpy_ndarray(pixels)
+        if undecoded:
+            mask = np.zeros(len(files), dtype=bool)
+            mask[list(undecoded)] = True
+            storage = pa.FixedSizeListArray.from_arrays(
+                image.storage.values, image.storage.type.list_size, mask=pa.array(mask)
+            )
+            image = pa.ExtensionArray.from_storage(image.type, storage)
+        table = pa.table({PATH: pa.array(files, pa.string()), IMAGE: image})
         return (
             table
             if columns is None
