@@ -519,9 +519,13 @@ def test_an_image_changed_after_planning_fails_its_unit(
 
 
 @pytest.mark.timeout(180)
-def test_an_image_rewritten_while_the_job_runs_fails_the_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("on_bad_input", ["fail", "skip"])
+def test_an_image_rewritten_while_the_job_runs_fails_the_job(
+    tmp_path: Path, on_bad_input: str
+) -> None:
     """The model's first call rewrites the last image, which the readers reach later (a
-    channel holds a few units): the job fails naming it, never complete."""
+    channel holds a few units): the job fails naming it, never complete. Under skip it
+    finished complete, its unit's rows left out, and the job run again was another job."""
     _write(tmp_path / "in", 40)
     last = tmp_path / "in" / "img0039.png"
 
@@ -538,8 +542,9 @@ def test_an_image_rewritten_while_the_job_runs_fails_the_job(tmp_path: Path) -> 
         carryover=("path",),
         output=chute.Sink(str(tmp_path / "out")),
         engine="local",
+        on_bad_input=on_bad_input,  # type: ignore[arg-type]
     )
-    with pytest.raises(chute.DataError, match="changed during the run") as info:
+    with pytest.raises(chute.InputChanged, match="changed during the run") as info:
         job.run()
     assert "img0039.png" in str(info.value)
     assert not (tmp_path / "out" / "_SUCCESS").exists()

@@ -4,6 +4,7 @@
     ├── ConfigError              exit 2   the job or its YAML is wrong; nothing ran
     │   └── ColumnNotFoundError  exit 2   a named column is not in the data
     ├── DataError                exit 3   the input cannot be read or is empty
+    │   └── InputChanged         exit 3   an input file changed after the job was planned
     ├── ModelError               exit 4   a model failed to load or to predict
     ├── JobStateError            exit 5   the output location holds something else
     └── ResourceError            exit 6   the cluster cannot give what the job asks for
@@ -45,6 +46,14 @@ class DataError(ChuteError):
     """The input data is missing, empty, unreadable or inconsistent."""
 
     exit_code = 3
+
+
+class InputChanged(DataError):
+    """An input file changed (rewritten, cut short, removed) after the job was planned.
+    Never a bad file to skip, even under ``on_bad_input: skip``: the file is not at fault,
+    what was read of it may be neither version, a unit of images would go with it, and the
+    job run again is another job (its input's sizes and times are part of it), so nothing
+    would ever compute the rows left out."""
 
 
 INPUT_CHANGED = (

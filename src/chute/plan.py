@@ -21,6 +21,7 @@ from chute.errors import (
     ColumnNotFoundError,
     ConfigError,
     DataError,
+    InputChanged,
     missing_columns_error,
 )
 from chute.evaluation import Evaluation
@@ -204,10 +205,10 @@ class Reader:
         try:
             table = None if unit.error or unit.rows == 0 else self._read(unit)
             if table is not None and unit.rows is not None and table.num_rows < unit.rows:
-                raise DataError(_changed(unit, table.num_rows))  # never committed short
+                raise InputChanged(_changed(unit, table.num_rows))  # never committed short
         except DataError as exc:
-            if not self.skip_bad:
-                raise
+            if not self.skip_bad or isinstance(exc, InputChanged):
+                raise  # a file changed since planning is no bad input: never left out
             table, unit = None, replace(unit, error=str(exc))
         if table is None or table.num_rows == 0:  # unreadable (skipped), or no rows
             yield skip_marker(unit.index, unit.error) if unit.error else empty_marker(unit.index)
@@ -230,7 +231,7 @@ class Reader:
                 start += table.num_rows
             if start == unit.rows:
                 return
-        raise DataError(_changed(unit, start))
+        raise InputChanged(_changed(unit, start))
 
     def _read(self, unit: Unit) -> pa.Table:
         """The unit's rows, conformed to the planned schema (none: not conformed)."""
@@ -664,7 +665,7 @@ def _limit(units: list[Unit], limit: int, source: Source, skip: bool) -> list[Un
         try:
             rows = unit.rows if unit.rows is not None else source.read(unit, None).num_rows
         except DataError as exc:
-            if not skip:
+            if not skip or isinstance(exc, InputChanged):
                 raise
             chosen.append(replace(unit, error=str(exc)))
             continue

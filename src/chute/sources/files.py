@@ -24,7 +24,14 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from chute.errors import INPUT_CHANGED, ChuteError, ConfigError, DataError, did_you_mean
+from chute.errors import (
+    INPUT_CHANGED,
+    ChuteError,
+    ConfigError,
+    DataError,
+    InputChanged,
+    did_you_mean,
+)
 from chute.retry import retrying
 from chute.sources.base import (
     FORMATS,
@@ -653,7 +660,7 @@ class FileSource:
         handle = self._open(path)
         if listed is not None and (size := handle.size()) != listed:
             handle.close()
-            raise DataError(
+            raise InputChanged(
                 f"input file {path!r} is {size:,} bytes where it was {listed:,} when the job "
                 f"was planned: {INPUT_CHANGED}"
             )
@@ -834,13 +841,13 @@ class FileSource:
         local = is_local(self.filesystem)
         info = self.filesystem.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
-            raise DataError(
+            raise InputChanged(
                 f"input file {path!r} was removed after the job was planned: {INPUT_CHANGED}"
             )
         now = info.mtime_ns
         moved = now != stamp if local else now is not None and now // 10**9 != stamp // 10**9
         if moved or (size is not None and info.size != size):
-            raise DataError(
+            raise InputChanged(
                 f"input file {path!r} was modified after the job was planned "
                 f"({_when(stamp)} then, {_when(info.mtime_ns)} now): {INPUT_CHANGED}"
             )
