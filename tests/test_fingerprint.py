@@ -4,11 +4,13 @@ custom metrics), so a resume with edited code is refused, naming the part and th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +18,7 @@ import pytest
 
 from chute.errors import JobStateError
 from chute.job import JobSpec, Model, Preprocess, Sink, describe_changes
+from chute.job.fingerprint import fingerprint_of
 from chute.sources import TableSource
 from tests.test_cli import invoke, listing
 
@@ -380,3 +383,139 @@ def test_an_output_an_earlier_chute_began_with_a_long_argument_says_why_it_is_re
     old = json.loads(re.sub(r"(@\d+)#[0-9a-f]{16}", r"\1", json.dumps(new)))
     assert old != new
     assert describe_changes(old, new).startswith("none that can be told: an earlier chute")
+
+
+# -- a model given as a Python object: its state, not only its code ------------------------
+
+
+class Scaler:
+    """A model object: its code is the same whatever factor it holds."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, batch: pa.Table) -> list[float]:
+        return [x * self.factor for x in batch.column("x").to_pylist()]
+
+    def predict(self, batch: pa.Table) -> list[float]:
+        return self(batch)
+
+
+def _scaled(batch: pa.Table, factor: float = 1.0) -> list[float]:
+    return [x * factor for x in batch.column("x").to_pylist()]
+
+
+def _closure(factor: float) -> Any:
+    def scaled(batch: pa.Table) -> list[float]:
+        return _scaled(batch, factor)
+
+    return scaled
+
+
+def _described(fn: Any, **kwargs: Any) -> dict[str, Any]:
+    model = Model("m", fn, inputs=("x",), kwargs=kwargs)
+    return JobSpec(TableSource(pa.table({"x": [1.0]})), (model,)).describe()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(Scaler, id="instance"),
+        pytest.param(lambda f: Scaler(f).predict, id="bound-method"),
+        pytest.param(lambda f: functools.partial(_scaled, factor=f), id="partial"),
+        pytest.param(_closure, id="closure"),
+    ],
+)
+def test_a_model_object_holding_other_values_is_another_job(make: Any) -> None:
+    """Retrained, the same code held other values: a resume finished the job with two
+    models' rows, "complete", and a rerun said nothing to do."""
+    before, after = _described(make(2.0)), _described(make(3.0))
+    assert fingerprint_of(before) != fingerprint_of(after)
+    assert describe_changes(before, after).startswith("models[0].state (what the model object")
+    assert _described(make(2.0)) == before  # the same values: the same job
+
+
+def test_plain_functions_and_classes_keep_the_description_they_had() -> None:
+    """No state for a name, a class or a function without captured values: an output an
+    earlier chute began is still this job."""
+    for fn in (Scaler, _scaled.__name__, _closure):
+        assert "state" not in _described(fn)["models"][0]
+
+
+def test_fitted_estimators_frames_and_tables_in_arguments_are_described_by_content() -> None:
+    """A fitted estimator was its repr (``LinearRegression()``), a DataFrame or Arrow
+    table its shape: retrained or edited, the same job."""
+    pytest.importorskip("sklearn")
+    import numpy as np
+    import pandas as pd
+    from sklearn.linear_model import LinearRegression
+
+    x = np.arange(10.0).reshape(-1, 1)
+    values = [
+        (LinearRegression().fit(x, 2 * x[:, 0]), LinearRegression().fit(x, 3 * x[:, 0])),
+        (pd.DataFrame({"a": [1, 2]}), pd.DataFrame({"a": [1, 3]})),
+        (pa.table({"a": [1, 2]}), pa.table({"a": [1, 3]})),
+    ]
+    for old, new in values:
+        before, after = _described(Scaler, payload=old), _described(Scaler, payload=new)
+        assert describe_changes(before, after) == "models[0].kwargs"
+
+
+def test_a_model_object_is_described_the_same_in_every_process() -> None:
+    """Sets, dictionaries and addresses differ between processes (scikit-learn keeps
+    ``id(stop_words)``): described as they print, every resume would be refused."""
+    pytest.importorskip("sklearn")
+    pytest.importorskip("torch")
+    script = """
+import torch
+from sklearn.feature_extraction.text import CountVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from chute.job.fingerprint import fn_state
+
+docs = ["a b c", "the cat sat", "a dog ran", "b c d"] * 5
+pipe = make_pipeline(CountVectorizer(stop_words="english"), LogisticRegression())
+pipe.fit(docs, [0, 1, 0, 1] * 5)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+print(fn_state(pipe.predict), fn_state(net))
+"""
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(seen) == 1 and "None" not in seen.pop()
+
+
+@pytest.mark.timeout(120)
+def test_resume_with_a_retrained_model_object_is_refused(tmp_path: Path) -> None:
+    """End to end, as the review ran it: two of four units committed with one model
+    object, then the job run again with the object holding another factor."""
+    _data(tmp_path / "data")
+    out = tmp_path / "out"
+
+    def job(factor: float) -> Any:
+        import chute
+
+        return chute.Job(
+            chute.FileSource(str(tmp_path / "data")),
+            (chute.Model("m", Scaler(factor), inputs=("x",)),),
+            output=chute.Sink(str(out), file_rows=ROWS_PER_FILE),
+            carryover=("id",),
+            engine="local",
+        )
+
+    job(2.0).run()
+    _forget_last_unit(out)
+    with pytest.raises(JobStateError, match=r"changed: models\[0\]\.state \(what the model"):
+        job(3.0).run()
+    report = job(2.0).run()
+    assert report.units_done == 1
+    result = pq.read_table(out).sort_by("id")
+    assert result.column("m").to_pylist() == [2.0 * v for v in range(FILES * ROWS_PER_FILE)]

@@ -4,10 +4,13 @@ changed)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import marshal
 import re
+import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -116,11 +119,18 @@ def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
     if len(old) != len(new) or not all(isinstance(m, Mapping) for m in [*old, *new]):
         return ["models"]
     return [
-        f"models[{i}].{field}"
+        f"models[{i}].{field}" + _MODEL_FIELDS.get(field, "")
         for i, (a, b) in enumerate(zip(old, new, strict=True))
         for field in sorted(set(a) | set(b))
         if a.get(field) != b.get(field)
     ]
+
+
+_MODEL_FIELDS = {
+    "state": " (what the model object holds: its weights, fitted values or the values "
+    "its function captured)"
+}
+"""What a model field's name alone would not tell."""
 
 
 def fn_name(fn: Any) -> str:
@@ -168,7 +178,7 @@ def _code_hash(target: Any) -> str:
 
 
 def describe_model(model: Model) -> dict[str, Any]:
-    return {
+    described = {
         "name": model.name,
         "fn": fn_name(model.fn),
         "inputs": list(model.inputs) if model.inputs is not None else None,
@@ -177,6 +187,40 @@ def describe_model(model: Model) -> dict[str, Any]:
         "args": [_short_repr(a) for a in model.args],
         "kwargs": {k: _short_repr(v) for k, v in sorted(model.kwargs.items())},
     }
+    state = fn_state(model.fn)
+    if state is not None:  # absent where the code is all: a job an earlier chute began
+        described["state"] = state
+    return described
+
+
+def fn_state(fn: Any) -> str | None:
+    """What a model given as a Python object holds beside its code: an instance's
+    attributes (a fitted estimator's coefficients, a module's weights), the values a
+    closure captured, a ``functools.partial``'s function and arguments, the object a bound
+    method belongs to, a function's default arguments. Its code alone (:func:`fn_name`)
+    is the same for a model trained again: a resume mixed the two models' rows. ``None``
+    for a name, a class (built from ``args`` and ``kwargs``) and a built-in adapter."""
+    if isinstance(fn, (str, type)) or type(fn).__name__ == "AdapterSpec":
+        return None
+    if isinstance(fn, functools.partial):
+        return _short_repr([fn_name(fn.func), fn_state(fn.func), fn.args, fn.keywords])
+    if inspect.ismethod(fn):
+        return _short_repr(fn.__self__)
+    if inspect.isfunction(fn):
+        held = {
+            "closure": [_cell(c) for c in fn.__closure__ or ()],
+            "defaults": list(fn.__defaults__ or ()),
+            "kwdefaults": fn.__kwdefaults__ or {},
+        }
+        return _short_repr(held) if any(held.values()) else None
+    return _short_repr(fn) if _stateful(fn) else None
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return None
 
 
 def describe_metric(metric: Any) -> dict[str, Any]:
@@ -205,26 +249,86 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 """``<Foo object at 0x7f...>``: an address, new in every process, is no part of a value."""
 
 
-def _short_repr(value: Any) -> str:
-    """A cheap description of a constructor argument: small arrays by content, big ones by
-    shape, mappings and sequences item by item. A long text or list is kept as a hash of
-    its content: never its length alone, or a prompt edited to one of the same length
-    would resume an output that the old prompt began."""
+STATE_DEPTH = 12
+"""How deep an object's attributes are described (an estimator inside a pipeline inside a
+model object: each object and each mapping a level); deeper ones by their ``repr``."""
+
+
+def _short_repr(value: Any, depth: int = 0, within: frozenset[int] = frozenset()) -> str:
+    """A cheap description of a constructor argument or a model object: small arrays,
+    tables and frames by content, big ones by shape, mappings and sequences item by item,
+    other objects by their state (what pickling them keeps: a fitted estimator's
+    coefficients, a torch module's weights, a booster's model bytes). A long text or list
+    is kept as a hash of its content: never its length alone, or a prompt edited to one of
+    the same length would resume an output that the old prompt began."""
+    inner = functools.partial(_short_repr, depth=depth + 1, within=within | {id(value)})
+    if id(value) in within:  # an object that holds itself, through its attributes
+        return f"<{type(value).__qualname__} itself>"
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k!r}: {_short_repr(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k!r}: {inner(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
-        text = "[" + ", ".join(_short_repr(v) for v in value) + "]"
+        text = "[" + ", ".join(inner(v) for v in value) + "]"
         return text if len(value) <= 1000 else _digest(value, text)
     if isinstance(value, (set, frozenset)):  # sorted: their order is the process's hash seed
-        text = "{" + ", ".join(sorted(_short_repr(v) for v in value)) + "}"
+        text = "{" + ", ".join(sorted(inner(v) for v in value)) + "}"
         return text if len(value) <= 1000 and len(text) <= 200 else _digest(value, text)
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return (
-            f"{type(value).__name__}{tuple(shape)}:{getattr(value, 'dtype', '')}{_content(value)}"
-        )
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > 64:
+        digest = hashlib.blake2b(value, digest_size=8).hexdigest()
+        return f"{type(value).__name__}@{len(value)}#{digest}"
+    if (dims := _dims(value)) is not None:
+        return f"{type(value).__name__}{dims}:{getattr(value, 'dtype', '')}{_content(value)}"
+    if depth < STATE_DEPTH and _stateful(value) and (state := _state(value)) is not None:
+        name = f"{type(value).__module__}.{type(value).__qualname__}"
+        text = f"{name}({inner(state)})"
+        return text if len(text) <= 200 else _digest(value, text)
     text = _ADDRESS.sub("", repr(value))
     return text if len(text) <= 200 else _digest(value, text)
+
+
+def _dims(value: Any) -> tuple[Any, ...] | None:
+    """An array's, tensor's, table's or frame's shape; ``None`` for anything else (a class
+    such as ``np.ndarray`` has a ``shape`` too: a descriptor)."""
+    shape = None if isinstance(value, type) else getattr(value, "shape", None)
+    try:
+        return None if shape is None or callable(shape) else tuple(shape)
+    except TypeError:
+        return None
+
+
+def _stateful(value: Any) -> bool:
+    """An object whose attributes are its state: not a module, class, function or method
+    (those are described by name; a function's code is hashed apart)."""
+    plain = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    return hasattr(value, "__dict__") and not isinstance(value, (*plain, types.MethodType))
+
+
+def _state(value: Any) -> Any:
+    """What pickling ``value`` keeps (``__getstate__``: a booster's model bytes in place
+    of its native handle, an estimator's attributes and version), else its attributes;
+    a torch module's ``state_dict()`` (every weight, however deep the module); ``None``
+    when none can be had. Left out: an attribute named as an id that holds a memory
+    address (scikit-learn's ``_stop_words_id``), new in every process."""
+    if type(value).__module__.startswith("torch") and callable(getattr(value, "state_dict", None)):
+        try:
+            return dict(value.state_dict())
+        except Exception:  # a module that cannot list its weights: its attributes
+            pass
+    try:
+        state = value.__getstate__()
+    except Exception:  # an object that refuses to be pickled: its attributes say most
+        state = None
+    if state is None or state is value:
+        state = getattr(value, "__dict__", None)
+    if isinstance(state, Mapping):
+        kept = {k: v for k, v in state.items() if not _address(k, v)}
+        return dict(sorted(kept.items(), key=lambda item: str(item[0])))
+    return state
+
+
+def _address(key: Any, value: Any) -> bool:
+    """An attribute such as ``_stop_words_id = id(self.stop_words)``: an address."""
+    named = isinstance(key, str) and key.lower().endswith("id")
+    return named and type(value) is int and value >= 2**32
 
 
 def _digest(value: Any, text: str) -> str:
@@ -234,12 +338,34 @@ def _digest(value: Any, text: str) -> str:
 
 
 def _content(array: Any) -> str:
-    """``#<hash>`` of an array's or tensor's bytes when it is small enough, else ``""``."""
+    """``#<hash>`` of an array's, tensor's, Arrow table's or pandas frame's content when it
+    is small enough, else ``""``."""
     import numpy as np
 
     nbytes = getattr(array, "nbytes", None)
+    if type(array).__module__.startswith("pandas") and hasattr(array, "memory_usage"):
+        nbytes = int(np.sum(array.memory_usage(deep=True)))  # a frame has no nbytes
     if not isinstance(nbytes, int) or nbytes > HASHED_ARRAY_BYTES:
         return ""
+    if type(array).__module__.startswith("pandas"):
+        import pandas as pd
+
+        digest = hashlib.blake2b(digest_size=8)
+        labels = getattr(array, "dtypes", getattr(array, "dtype", None))
+        digest.update(repr(labels).encode())
+        try:
+            digest.update(pd.util.hash_pandas_object(array).to_numpy().tobytes())
+        except TypeError:  # cells no hash takes (lists): described by shape only
+            return ""
+        return "#" + digest.hexdigest()
+    if type(array).__module__.startswith("pyarrow"):
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        table = array if isinstance(array, pa.Table) else pa.table({"": array})
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return "#" + hashlib.blake2b(sink.getvalue(), digest_size=8).hexdigest()
     if hasattr(array, "detach"):
         import torch  # a torch tensor: its raw bytes (NumPy has no bfloat16)
 
