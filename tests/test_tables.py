@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -1160,7 +1161,10 @@ def _make_again(sink: TableSink) -> None:
 
 def _overwrite_in_place(sink: TableSink) -> None:
     """The table made again where it is, empty, by its own writer: its history kept."""
-    if sink.format == "delta":
+    if sink.format == "iceberg":  # a snapshot that deletes every file, then an empty append
+        table = _iceberg(sink)
+        table.overwrite(table.scan().to_arrow().slice(0, 0))
+    elif sink.format == "delta":
         from deltalake import DeltaTable, write_deltalake
 
         schema = pa.schema(DeltaTable(sink.path).schema().to_arrow())
@@ -1181,12 +1185,8 @@ def test_a_finished_job_whose_table_lost_its_rows_writes_them_again(
     """The table made again (empty, same columns; or in place by its own writer, which
     keeps the history: the walk went through the overwrite to the job's commits), or
     rolled back to the job's first commit: running the finished job again said "nothing
-    to do", and the output held 4,000 rows, over a table that held none (or 500)."""
-    if change == "overwritten in place" and fmt == "iceberg":
-        pytest.skip(
-            "pyiceberg's whole-table overwrite starts a lineage of its own, as a compaction "
-            "whose old snapshots expired does: trusted (docs/sinks-tables.md)"
-        )
+    to do", and the output held 4,000 rows, over a table that held none (or 500). (An
+    Iceberg table overwritten by pyiceberg keeps its chain of parents too.)"""
     sink = table_sink(fmt, tmp_path, commit_seconds=0)
     assert job(data, sink).run().rows_out == ROWS
     last = _version(sink)
@@ -1205,6 +1205,76 @@ def test_a_finished_job_whose_table_lost_its_rows_writes_them_again(
         _set_version(sink, last)
         frame = read_table(sink)
         assert len(frame) == ROWS and frame.id.is_unique
+
+
+def _other_rows(table: Any) -> pa.Table:
+    """Ten rows of another writer's, with the table's columns (ids no job here has)."""
+    rows = table.scan(limit=10).to_arrow()
+    at = rows.schema.get_field_index("id")
+    return rows.set_column(at, rows.schema.field(at), pc.add(rows.column(at), 10 * ROWS))
+
+
+ICEBERG_CHANGES = {
+    # what another writer does with pyiceberg: whether the job's rows are all gone
+    "overwritten with other rows": True,  # a delete snapshot of every file, then an append
+    "every row deleted": True,
+    "overwritten where every id matched": True,
+    "overwritten where some ids matched": False,  # a delete of some rows: not written again
+    "a row of every file deleted": False,  # every file rewritten without it (copy-on-write)
+    "appended to": False,
+}
+
+
+def _change_iceberg(sink: TableSink, change: str) -> tuple[int, int]:
+    """Another writer changes the job's table with pyiceberg: how many of the job's rows it
+    left, and how many of its own it wrote."""
+    table = _iceberg(sink)
+    other = _other_rows(table)
+    every_unit = ", ".join(str(u * ROWS_PER_UNIT) for u in range(UNITS))
+    if change == "overwritten with other rows":
+        table.overwrite(other)
+    elif change == "every row deleted":
+        table.delete(f"id < {ROWS}")
+        return 0, 0
+    elif change == "overwritten where every id matched":
+        table.overwrite(other, overwrite_filter=f"id < {ROWS}")
+    elif change == "overwritten where some ids matched":
+        table.overwrite(other, overwrite_filter=f"id < {ROWS_PER_UNIT}")
+        return ROWS - ROWS_PER_UNIT, len(other)
+    elif change == "a row of every file deleted":
+        table.delete(f"id in ({every_unit})")
+        return ROWS - UNITS, 0
+    else:
+        table.append(other)
+    return 0 if ICEBERG_CHANGES[change] else ROWS, len(other)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("change", list(ICEBERG_CHANGES))
+def test_an_iceberg_table_another_writer_changed_since_its_job_finished(
+    data: Path, tmp_path: Path, change: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pyiceberg's ``overwrite`` of the whole table is a snapshot that deletes every file,
+    then an append, its parents kept: the walk went on to the job's commits, and running
+    the finished job again said "nothing to do" over a table without its rows. A table
+    emptied ends the walk, and the job's units are computed again; a delete of some rows
+    (one that rewrote every file included) or another writer's append leaves them."""
+    sink = table_sink("iceberg", tmp_path, commit_seconds=0)
+    assert job(data, sink).run().rows_out == ROWS
+    left, theirs = _change_iceberg(sink, change)
+    with caplog.at_level("WARNING", logger="chute"):
+        report = job(data, sink).run()
+    frame = read_table(sink)
+    ours, others = frame[frame.id < ROWS], frame[frame.id >= ROWS]
+    assert len(others) == theirs
+    if ICEBERG_CHANGES[change]:
+        assert report.units_done == UNITS and report.rows_out == ROWS
+        assert len(ours) == ROWS and ours.id.is_unique
+        assert "overwritten whole" in caplog.text
+    else:
+        assert report.units_done == 0  # nothing to do: the rows another writer left stay
+        assert len(ours) == left and ours.id.is_unique
+        assert "no longer holds" not in caplog.text
 
 
 def _version(sink: TableSink) -> int:
@@ -1240,7 +1310,7 @@ def _upkeep(sink: TableSink) -> None:
     old snapshots, log entries or versions cleaned up."""
     import datetime
 
-    if sink.format == "iceberg":
+    if sink.format == "iceberg":  # pyiceberg has no compaction: its files rewritten whole
         table = _iceberg(sink)
         table.overwrite(table.scan().to_arrow())
         table = _iceberg(sink)
@@ -1271,8 +1341,11 @@ def test_a_finished_job_is_not_redone_after_its_table_is_compacted_and_cleaned_u
 ) -> None:
     """Compaction rewrote the job's files and the history before it is gone: nothing says
     the job's batches are in the table, and nothing says they are not: they are trusted.
-    (An Iceberg table's whole-table overwrite leaves a snapshot without a parent, which
-    looked like the table's first, and the job's rows were written a second time.)"""
+    (The current snapshot of an Iceberg table rewritten with pyiceberg's ``overwrite``,
+    the rest expired, has no parent left, which looked like the table's first, and the
+    job's rows were written a second time. Its snapshot that emptied the table expired
+    with the rest: an ``overwrite`` whose snapshots are kept writes them again, as one of
+    other rows must: see test_an_iceberg_table_another_writer_changed_since_its_job_finished.)"""
     sink = table_sink(fmt, tmp_path, commit_seconds=0)
     assert job(data, sink).run().rows_out == ROWS
     _upkeep(sink)

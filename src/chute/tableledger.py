@@ -24,15 +24,14 @@ a run (its confirmation failed, or an interrupt came after step 1) is looked for
 same way before anything is added. So every unit is in the table once, however the
 driver dies or a step fails.
 
-A run that opens the ledger also asks the table whether it still holds the confirmed
-batches (:meth:`TableLedger._forget_lost`): a table dropped, made again, or rolled back to
-before some of them has lost their rows, and their units are computed again. Their old
-files are kept (``retired.json`` names them): the snapshots a rollback went back from
-still name them, and a roll forward to one must find them; the table's own upkeep
-(expiring snapshots, vacuum) removes them once nothing names them. Where the
-table's history is cut short (expired, cleaned up) and its files rewritten by a
-compaction, nothing tells, and the ledger is trusted (a table's history can be expired;
-chute's ledger is not).
+A run that opens the ledger also asks the table whether it still holds the confirmed batches
+(:meth:`TableLedger._forget_lost`): a table dropped, made again (or overwritten whole), or
+rolled back to before some of them has lost their rows, and their units are computed again.
+Their old files are kept (``retired.json`` names them): the snapshots a rollback went back
+from still name them, and a roll forward to one must find them; the table's own upkeep
+(expiring snapshots, vacuum) removes them once nothing names them. Where the table's history
+is cut short (expired, cleaned up) and its files rewritten by a compaction, nothing tells,
+and the ledger is trusted (a table's history can be expired; chute's ledger is not).
 
 chute never deletes a row from a table: ``--overwrite`` cannot redo a job that committed
 rows, and a table's committed units are trusted without a listing of chute's files (the
@@ -302,15 +301,16 @@ class TableLedger(Ledger):
     def _forget_lost(self) -> None:
         """Forget the units whose confirmed batch the table no longer holds, so they are
         computed again: the table dropped (or its files removed), dropped and made again,
-        or rolled back (restored) to a version before the batch. Trusted, these units made
-        a resume lose their rows, and a finished job run again say "nothing to do" over a
-        table without them.
+        overwritten whole by its own writer, or rolled back (restored) to a version before
+        the batch. Trusted, these units made a resume lose their rows, and a finished job
+        run again say "nothing to do" over a table without them.
 
         A batch is held where a commit the table's current version descends from names it,
         or failing that where the table names its files. Where neither shows it and the
-        history was read back to the table's first commit, it is not in the table; where
-        the history is cut short (snapshots expired, the log cleaned up: routine upkeep,
-        with compaction rewriting the files), nothing tells, and the batch is trusted."""
+        history was read back to the table's first commit (or to a commit that replaced or
+        emptied the whole table), it is not in the table; where the history is cut short
+        (snapshots expired, the log cleaned up: routine upkeep, with compaction rewriting
+        the files), nothing tells, and the batch is trusted."""
         assert self.table is not None
         tokens = {e["batch"] for e in self._entries.values() if "batch" in e}
         if not tokens:
@@ -333,7 +333,8 @@ class TableLedger(Ledger):
         if gone:
             log.warning(
                 "%s no longer holds %d unit(s) this job committed to it (it was dropped, made "
-                "again, or rolled back to a version before them): they are computed again",
+                "again, overwritten whole, or rolled back to a version before them): they are "
+                "computed again",
                 self._name(),
                 len(gone),
             )

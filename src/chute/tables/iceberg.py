@@ -4,8 +4,8 @@ for local use and tests).
 A batch is one fast append of the Parquet files the workers wrote (``add_files``: their
 footers give the statistics, no row is read), whose snapshot summary carries chute's
 keys. A resume looks for a batch's token in the summaries of the current snapshot and its
-ancestors: a snapshot rolled back is not in the table, and a table dropped and made again
-has none of them.
+ancestors, back to one that emptied the table (a whole-table overwrite): a snapshot rolled
+back is not in the table, and a table dropped and made again has none of them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
 )
 from pyiceberg.table import Table as IcebergTable
-from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
 from pyiceberg.transforms import parse_transform
 
 from chute.errors import ConfigError
@@ -69,13 +69,21 @@ class Iceberg:
         return None if table is None else schema_to_pyarrow(table.schema(), include_field_ids=False)
 
     def lineage(self, tokens: set[str]) -> Lineage:
-        """The tokens in the summaries of the current snapshot and its ancestors; whole
-        where the oldest of them is the table's first commit (sequence number 1), or the
-        table has no snapshot.
+        """The tokens in the summaries of the current snapshot and its ancestors, back to
+        the table's first commit (sequence number 1) or to a snapshot that emptied the
+        table (:func:`_emptied`): whole where the walk ended at either, or the table has no
+        snapshot. Nothing committed before a snapshot that left the table without a data
+        file is in it, though its parents still name the job's batches: pyiceberg's
+        ``overwrite`` of a whole table is such a ``delete`` snapshot, then an ``append`` of
+        the new rows, the chain of parents kept (a walk through it found this job's
+        batches, and a finished job run again said "nothing to do" over a table without
+        its rows).
 
-        Not "the oldest has no parent": pyiceberg's ``overwrite`` of a whole table makes a
-        snapshot without one, whose ancestors, expired, held this job's batches. A format
-        v1 table numbers no snapshots: its history is taken as whole only while empty."""
+        Not "the oldest has no parent": a snapshot whose parent expired has none to walk
+        to, and an overwrite whose ``delete`` snapshot expired, or a compaction, whose
+        ancestors held this job's batches, looks just the same: not whole, trusted. A
+        format v1 table numbers no snapshots: its history is taken as whole only while
+        empty, or back to a snapshot that emptied it."""
         table = self._load()
         if table is None or not tokens:
             return Lineage(frozenset(), whole=True)
@@ -85,14 +93,19 @@ class Iceberg:
             token = snapshot.summary.get(BATCH_KEY) if snapshot.summary else None
             if token in tokens:
                 found.add(token)
+            if _emptied(snapshot):  # nothing older is in the table
+                return Lineage(frozenset(found), whole=True)
         whole = oldest is None or oldest.sequence_number == 1
         return Lineage(frozenset(found), whole=whole)
 
     def holds(self, paths: set[str]) -> set[str]:
+        """The data files a scan of the current snapshot reads. Not ``inspect.files()``:
+        pyiceberg 0.12 fails on a snapshot without a manifest (the table replaced by its
+        ``overwrite`` with no rows: "Must pass at least one table")."""
         table = self._load()
         if table is None or not paths or table.current_snapshot() is None:
             return set()
-        current = set(table.inspect.files().column("file_path").to_pylist())
+        current = {task.file.file_path for task in table.scan().plan_files()}
         return {p for p in paths if f"{self.location}/{p}" in current}
 
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
@@ -169,6 +182,22 @@ class Iceberg:
         create.commit_transaction()
         self._table = self.catalog.load_table(self.sink.table)
         return self._table
+
+
+def _emptied(snapshot: Snapshot) -> bool:
+    """Whether this snapshot removed data files and left the table with none: the table
+    emptied, by a whole-table ``overwrite`` (its ``delete`` snapshot), a delete of every
+    row, or an ``overwrite`` whose filter matched every row. A delete of some rows keeps
+    the table's other files (or rewrites them: an ``overwrite`` snapshot that removes
+    every file its parent held and adds what is left), and a compaction (``replace``)
+    rewrites files without a row less: neither empties it, and the job's batches older
+    than them are trusted, as rows another writer deleted are not written again. A
+    summary without the counts (a writer that keeps none) empties nothing."""
+    summary = snapshot.summary
+    if summary is None or summary.operation == Operation.REPLACE:
+        return False
+    deleted, left = summary.get("deleted-data-files"), summary.get("total-data-files")
+    return deleted not in (None, "0") and left == "0"
 
 
 def _name(field: PartitionField) -> str:
