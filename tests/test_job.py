@@ -194,6 +194,30 @@ def test_model_rejects_bad_names(name: str) -> None:
         Model(name, score)
 
 
+@pytest.mark.parametrize("name", ["__chute_error", "__chute"])
+def test_model_names_of_chute_s_own_are_refused(name: str) -> None:
+    """A model named ``__chute_error`` returning a ``model`` column: its output was taken
+    for chute's mark of failed rows, and its labelled rows went to the errors dataset of a
+    run that finished, exit 0."""
+    with pytest.raises(ConfigError, match="names that start with '__chute' are chute's own"):
+        Model(name, score)
+
+
+def test_an_output_column_named_as_chute_s_own_is_refused() -> None:
+    """The same through a model name that only becomes chute's prefix with its output's."""
+    import pyarrow as pa
+
+    import chute
+
+    job = chute.Job(
+        chute.TableSource(pa.table({"x": [1.0, 2.0]})),
+        (Model("_", lambda b: {"chute_error_model": ["label"] * b.num_rows}, inputs=("x",)),),
+        engine="local",
+    )
+    with pytest.raises(chute.ModelError, match="names that start with '__chute_' are chute's own"):
+        job.run()
+
+
 def test_model_rejects_bad_batch_format() -> None:
     with pytest.raises(ConfigError, match=r"batch_format 'polars' is not one of pyarrow, pandas"):
         Model("m", score, batch_format="polars")  # type: ignore[arg-type]

@@ -170,6 +170,12 @@ class Model:
                 f"model name {self.name!r} must be an identifier (letters, digits, '_'): "
                 "it prefixes the output columns."
             )
+        if self.name.startswith("__chute"):
+            raise ConfigError(
+                f"model name {self.name!r}: names that start with '__chute' are chute's own "
+                "(its output columns would be taken for chute's marks of failed rows). "
+                "Rename the model."
+            )
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(
                 f"model {self.name!r}: batch_format {self.batch_format!r} is not one of "

@@ -190,10 +190,15 @@ class ModelStage:
         positions = np.arange(view.num_rows) if healthy is None else healthy
         done = np.concatenate([positions[lo:hi] for lo, hi, _ in pieces] or [np.empty(0, int)])
         for name, array in scatter(pieces, done, table.num_rows).items():
-            if name in table.column_names:
-                raise ModelError(
-                    f"model {self.name!r} returned column {name!r}, but the batch already has "
-                    "a column of that name: rename the model or its output."
+            if name in table.column_names or name.startswith("__chute_"):
+                raise ModelError(  # chute's own columns: its row keys and failure marks
+                    f"model {self.name!r} returned column {name!r}, but "
+                    + (
+                        "names that start with '__chute_' are chute's own"
+                        if name.startswith("__chute_")
+                        else "the batch already has a column of that name"
+                    )
+                    + ": rename the model or its output."
                 )
             table = table.append_column(output_field(self.name, name, array), array)
         if failures:
