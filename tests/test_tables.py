@@ -10,6 +10,7 @@ moments and at injected points around the table commit (``tests/table_chaos.py``
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import subprocess
@@ -840,7 +841,57 @@ def test_a_partitioned_table_is_split_by_partition_value_and_resumes_exactly_onc
             assert len(split(stored, fields)) == 1
 
 
+LONG = "long-" + "x" * 4_995  # 5,000 bytes: over the 4 KiB pyarrow keeps statistics of
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as a partition value: a NaN is a NaN, and 0.0 is not -0.0."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and str(a) == str(b))
+    return bool(a == b)
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "values",
+    [["short", LONG, None, LONG + "y"], [math.nan, 0.0, 1.5, -0.0]],
+    ids=["long-string", "nan-and-zero"],
+)
+def test_an_iceberg_partition_is_the_value_not_what_the_footer_suggests(
+    values: list[Any], tmp_path: Path
+) -> None:
+    """Each file's partition is the value its rows hold, not one pyiceberg's ``add_files``
+    read from the footer's statistics: those have no string over 4 KiB (its files were
+    recorded in the null partition, and a filter on the value found none of their rows),
+    no NaN (null again), and -0.0 as the least of a file of 0.0."""
+    from pyiceberg.expressions import EqualTo, IsNaN, IsNull
+
+    source = tmp_path / "in.parquet"
+    ids = list(range(40))
+    column = [values[i % len(values)] for i in ids]
+    pq.write_table(pa.table({"id": ids, "x": [i / 2 for i in ids], "p": column}), source)
+    sink = table_sink("iceberg", tmp_path, partition_by=("p",))
+    assert job(source, sink, carryover=("id", "p")).run().rows_out == len(ids)
+
+    table = _iceberg(sink)
+    for value in values:
+        if value is None:
+            where: Any = IsNull("p")
+        elif isinstance(value, float) and math.isnan(value):
+            where = IsNaN("p")
+        else:
+            where = EqualTo("p", value)
+        got = sorted(table.scan(row_filter=where).to_arrow().column("id").to_pylist())
+        want = [i for i, v in zip(ids, column, strict=True) if v == value or _same(v, value)]
+        assert got == want, str(value)[:20]
+    files = table.inspect.files().to_pylist()
+    assert len(files) == len(values)
+    for entry in files:  # the manifest's partition is the value its file holds
+        held = pq.read_table(entry["file_path"].removeprefix("file://")).column("p").to_pylist()
+        assert all(_same(v, held[0]) for v in held)
+        assert _same(entry["partition"]["p"], held[0]), (entry["partition"], held[0])
+
+
 @pytest.mark.timeout(120)
 def test_an_empty_string_in_a_delta_partition_column_is_refused(tmp_path: Path) -> None:
     """Delta keeps an empty partition value as null: the rows were read back with null

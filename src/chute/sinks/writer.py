@@ -40,7 +40,14 @@ from chute.stages import (
     UNREADABLE,
 )
 from chute.storage import StorageOptions, is_local, make_dir, put, resolve
-from chute.tables import TableSink, part_info, partition_fields, partition_values, split
+from chute.tables import (
+    TableSink,
+    part_info,
+    partition_fields,
+    partition_row,
+    partition_values,
+    split,
+)
 
 ERRORS_DIR = "_errors"
 """Where rows a model failed on go, inside the output location (readers skip ``_`` names)."""
@@ -263,14 +270,20 @@ class PartWriter:
 
     def _put_partitioned(self, data: pa.Table, unit: int, start: int) -> tuple[str, int, str]:
         """Write a part as one file per partition value: its first file, bytes, info.
-        Delta keeps partition values in its log, not in the files."""
+        Delta keeps partition values in its log, not in the files. Iceberg keeps them in
+        the files too, and each file's value goes to the driver with it: the table records
+        the file's partition from it, as its footer's statistics cannot tell (none for a
+        long string, a NaN's or a zero's sign lost)."""
         assert isinstance(self.sink, TableSink)
         fields = partition_fields(self.sink.partition_by)
         in_log = [f.column for f in fields] if self.sink.format == "delta" else []
         pieces = split(data, fields)
-        # Delta's log only; all first: a value refused after some pieces' files were put
-        # would leave them as orphans until the next run
-        values = [partition_values(piece, fields) if in_log else {} for piece in pieces]
+        # all first: a value refused after some pieces' files were put would leave them as
+        # orphans until the next run
+        values = [
+            partition_values(piece, fields) if in_log else partition_row(piece, fields)
+            for piece in pieces
+        ]
         files = []
         for piece, value in zip(pieces, values, strict=True):
             stored = piece.drop_columns(in_log)

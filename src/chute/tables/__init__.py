@@ -160,7 +160,8 @@ class DataFile:
     fragment: Mapping[str, Any] | None = None
     """Lance: the fragment's metadata (its JSON form), as the worker wrote it."""
     partition: Mapping[str, str | None] | None = None
-    """Delta: the file's partition values, as the log writes them."""
+    """Delta: the file's partition values, as the log writes them. Iceberg: its first row
+    of each partition column (:func:`partition_row`)."""
 
 
 IDENTITY = "identity"
@@ -248,6 +249,28 @@ def partition_values(piece: pa.Table, fields: Sequence[PartitionField]) -> dict[
                 )
             values[f.column] = _partition_text(value)
     return values
+
+
+def partition_row(piece: pa.Table, fields: Sequence[PartitionField]) -> dict[str, str | None]:
+    """A piece's first value of each partition field's column, for Iceberg: the column's
+    first row as Arrow IPC, in base64 (:func:`partition_value` reads it back). Exact, of
+    any type: the driver records the file's partition from it (its transform applied),
+    where the footer's statistics are no guide (none for a value over 4 KiB, none for a
+    NaN, -0.0 the least of a file of zeros)."""
+    out: dict[str, str | None] = {}
+    for f in fields:
+        one = piece.select([f.column]).slice(0, 1)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, one.schema) as stream:
+            stream.write_table(one)
+        out[f.column] = base64.b64encode(sink.getvalue().to_pybytes()).decode()
+    return out
+
+
+def partition_value(text: str) -> Any:
+    """The value :func:`partition_row` wrote, as Python (``as_py``)."""
+    table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text))).read_all()
+    return table.column(0)[0].as_py()
 
 
 def _partition_text(value: Any) -> str | None:

@@ -1,29 +1,44 @@
 """Apache Iceberg through pyiceberg: any catalog it supports (its SQL catalog on SQLite
 for local use and tests).
 
-A batch is one fast append of the Parquet files the workers wrote (``add_files``: their
-footers give the statistics, no row is read), whose snapshot summary carries chute's
-keys. A resume looks for a batch's token in the summaries of the current snapshot and its
-ancestors, back to one that emptied the table (a whole-table overwrite): a snapshot rolled
-back is not in the table, and a table dropped and made again has none of them.
+A batch is one fast append of the Parquet files the workers wrote, whose snapshot summary
+carries chute's keys: what ``add_files`` would commit (the footers give the statistics, no
+row is read), but each file's partition is the value its writer split it by, not one read
+from the statistics. A resume looks for a batch's token in the summaries of the current
+snapshot and its ancestors, back to one that emptied the table (a whole-table overwrite):
+a snapshot rolled back is not in the table, and a table dropped and made again has none
+of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.io.pyarrow import (
     UnsupportedPyArrowTypeException,
+    _check_pyarrow_schema_compatible,
     _pyarrow_to_schema_without_ids,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
+from pyiceberg.manifest import DataFile as IcebergDataFile
+from pyiceberg.manifest import DataFileContent, FileFormat
+from pyiceberg.partitioning import partition_record_value
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import TableProperties
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
 from pyiceberg.transforms import parse_transform
+from pyiceberg.typedef import Record
+from pyiceberg.utils.concurrent import ExecutorFactory
+from pyiceberg.utils.properties import property_as_bool
 
 from chute.errors import ConfigError
 from chute.tables import (
@@ -35,6 +50,7 @@ from chute.tables import (
     PartitionField,
     TableSink,
     partition_fields,
+    partition_value,
 )
 
 COMMIT_ATTEMPTS = 5
@@ -109,12 +125,16 @@ class Iceberg:
         return {p for p in paths if f"{self.location}/{p}" in current}
 
     def commit(self, files: Sequence[DataFile], schema: pa.Schema, meta: dict[str, str]) -> None:
+        """One append of ``files``, each with the partition its writer gave it, not one
+        pyiceberg's ``add_files`` would read from the footer's statistics: a string over
+        4 KiB has none (the files recorded in a null partition, and a filter on the value
+        finding none of their rows), a NaN none, and a file of 0.0 has -0.0 as its least."""
         table = self._load() or self._create(schema)
         paths = [f"{self.location}/{f.path}" for f in files]
+        footers = _footers(table, paths)  # once: a retry builds the data files anew
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                # chute's tokens keep files from being added twice: no scan of every file
-                table.add_files(paths, snapshot_properties=meta, check_duplicate_files=False)
+                _append(table, files, paths, footers, meta)
                 return
             except CommitFailedException:
                 if attempt == COMMIT_ATTEMPTS - 1:
@@ -182,6 +202,96 @@ class Iceberg:
         create.commit_transaction()
         self._table = self.catalog.load_table(self.sink.table)
         return self._table
+
+
+def _footers(table: IcebergTable, paths: list[str]) -> list[tuple[pq.FileMetaData, int]]:
+    """Each file's Parquet footer and size, read as ``add_files`` reads them (in parallel)."""
+
+    def read(path: str) -> tuple[pq.FileMetaData, int]:
+        source = table.io.new_input(path)
+        with source.open() as stream:
+            footer = pq.read_metadata(stream)
+        return footer, len(source)
+
+    return list(ExecutorFactory.get_or_create().map(read, paths))
+
+
+def _append(
+    table: IcebergTable,
+    files: Sequence[DataFile],
+    paths: list[str],
+    footers: list[tuple[pq.FileMetaData, int]],
+    meta: dict[str, str],
+) -> None:
+    """What ``add_files`` commits, in one snapshot whose summary holds ``meta`` (chute's
+    batch token), each file's partition set from the value chute wrote it for. Nothing
+    is committed where a file is refused. chute's tokens keep files from being added
+    twice: no scan of every file the table holds."""
+    with table.transaction() as tx:
+        if tx.table_metadata.name_mapping() is None:  # chute's files have no field ids
+            mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+        metadata = tx.table_metadata
+        data_files = [
+            _data_file(metadata, path, footer, size, f.partition)
+            for f, path, (footer, size) in zip(files, paths, footers, strict=True)
+        ]
+        merge = property_as_bool(
+            metadata.properties,
+            TableProperties.MANIFEST_MERGE_ENABLED,
+            TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+        )
+        update = tx.update_snapshot(snapshot_properties=meta)
+        with update.merge_append() if merge else update.fast_append() as append:
+            for data_file in data_files:
+                append.append_data_file(data_file)
+
+
+def _data_file(
+    metadata: TableMetadata,
+    path: str,
+    footer: pq.FileMetaData,
+    size: int,
+    known: Mapping[str, str | None] | None,
+) -> IcebergDataFile:
+    """pyiceberg's ``parquet_file_to_data_file``, but for the partition: from the values
+    the writer gave the file (``known``, :func:`chute.tables.partition_row`), each field's
+    transform applied. A field without one (the table partitioned since the run began) is
+    read from the footer's statistics, as ``add_files`` does."""
+    schema = metadata.schema()
+    _check_pyarrow_schema_compatible(
+        schema, footer.schema.to_arrow_schema(), format_version=metadata.format_version
+    )
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=footer,
+        stats_columns=compute_statistics_plan(schema, metadata.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+    )
+    spec = metadata.spec()
+    values: list[Any] = []
+    inferred: Record | None = None
+    for i, spec_field in enumerate(spec.fields):
+        column = schema.find_column_name(spec_field.source_id)
+        text = (known or {}).get(str(column))
+        if text is None:
+            inferred = inferred or statistics.partition(spec, schema)
+            values.append(inferred[i])
+            continue
+        source = schema.find_field(spec_field.source_id).field_type
+        value = partition_record_value(spec_field, partition_value(text), schema)
+        values.append(spec_field.transform.transform(source)(value))
+    return IcebergDataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(*values),
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        spec_id=metadata.default_spec_id,
+        equality_ids=None,
+        key_metadata=None,
+        **statistics.to_serialized_dict(),
+    )
 
 
 def _emptied(snapshot: Snapshot) -> bool:
