@@ -27,7 +27,7 @@ from chute.sinks import (
     records_to_table,
     runs,
 )
-from chute.sinks.records import describe_columns
+from chute.sinks.records import describe_columns, type_text
 from chute.sources import TableSource
 from chute.stages import KEY, decode, tag
 
@@ -517,6 +517,183 @@ def test_a_unit_whose_first_batches_are_all_null_is_written_as_text(
     (path,) = out.glob("part-*")
     frame = pd.read_csv(path) if fmt == "csv" else pd.read_json(path, lines=True)
     assert frame["m_y"].isna().sum() == 20 and frame["m_y"].tolist()[20:] == list(range(20, 40))
+
+
+def _empty_lists_first(batch: pa.Table, late: bool = False) -> pa.Array:
+    """Lists for the rows' ids: empty (``list<null>``, as Arrow takes ``[[], []]``) in the
+    first batches, one value each after (``late``: the other way round); every 7th null."""
+    ids = batch.column("id").to_pylist()
+    empty = (ids[0] >= 20) if late else (ids[0] < 20)
+    return pa.array([None if i % 7 == 0 else [] if empty else [float(i)] for i in ids])
+
+
+def _lists_expected(late: bool) -> list[list[float] | None]:
+    empty = (lambda i: i >= 20) if late else (lambda i: i < 20)
+    return [None if i % 7 == 0 else [] if empty(i) else [float(i)] for i in range(40)]
+
+
+def _lists_job(
+    out: Path, engine: str, unit_rows: int, late: bool, fmt: str = "parquet"
+) -> chute.Job:
+    model = partial(_empty_lists_first, late=late)
+    files = {"file_rows": 10} if unit_rows == 10 else {}  # one unit's runs in one file
+    return chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=unit_rows),
+        models=(chute.Model("m", model, inputs=("id",), batch_size=10),),
+        carryover=("id",),
+        output=chute.Sink(str(out), format=fmt, **files),  # type: ignore[arg-type]
+        engine=engine,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("unit_rows", [10, 40])
+@pytest.mark.parametrize("late", [False, True])
+def test_a_model_whose_first_lists_are_all_empty_writes_one_list_type(
+    tmp_path: Path, engine: str, unit_rows: int, late: bool
+) -> None:
+    """An object detector's first batches found nothing (``[[] for _ in rows]``, which
+    Arrow takes for ``list<null>``), a later one did (``list<double>``): the run stopped
+    after computing, on every output format ("returned 'm' as list<item: double> in this
+    batch and as list<item: null> in an earlier one"). The type is not known until a list
+    has a value: the files written before are retyped, and empty lists stay empty."""
+    import pandas as pd
+
+    out = tmp_path / "out"
+    job = _lists_job(out, engine, unit_rows, late)
+    report = job.run()
+    assert report.complete and report.rows_out == 40
+    files = list(out.glob("part-*"))
+    assert {str(pq.read_schema(p).field("m").type) for p in files} == {"list<element: double>"}
+    if engine == "local" and unit_rows == 40:  # the unit's runs typed as they go in, not
+        assert len(files) == 1  # a file for the empty lists' type and one for the values'
+    table = pq.read_table(out).sort_by("id")
+    assert table.schema.field("m").type == pa.list_(pa.float64())
+    assert table.column("id").to_pylist() == list(range(40))
+    assert table.column("m").to_pylist() == _lists_expected(late)
+    frame = pd.read_parquet(out).sort_values("id")
+    assert [None if v is None else list(v) for v in frame["m"]] == _lists_expected(late)
+    assert "nothing to do" in (job.run().stopped or "")  # the ledger names the files kept
+
+
+@pytest.mark.timeout(120)
+def test_a_model_whose_first_lists_are_all_empty_writes_json_lines(tmp_path: Path) -> None:
+    """The same lists as JSON Lines: ``[]``, ``null``, then the values."""
+    out = tmp_path / "out"
+    assert _lists_job(out, "local", 10, False, fmt="jsonl").run().complete
+    rows = [json.loads(line) for p in out.glob("part-*") for line in p.read_text().splitlines()]
+    assert [r["m"] for r in sorted(rows, key=lambda r: r["id"])] == _lists_expected(False)
+
+
+def _nested_nulls_first(batch: pa.Table, kind: str) -> pa.Array:
+    """A struct whose field ``a`` is ``None`` in the first batches (``struct<a: null>``),
+    or a map whose values are (``map<string, null>``), a float after."""
+    ids = batch.column("id").to_pylist()
+    early = ids[0] < 20
+    if kind == "struct":
+        return pa.array([{"a": None if early else float(i), "b": i} for i in ids])
+    items = pa.null() if early else pa.float64()
+    values = [[("k", None if early else float(i))] for i in ids]
+    return pa.array(values, pa.map_(pa.string(), items))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["struct", "map"])
+def test_a_struct_field_or_map_value_null_in_the_first_batches_gets_its_type(
+    tmp_path: Path, engine: str, kind: str
+) -> None:
+    """``struct<a: null, b: int64>`` then ``struct<a: double, b: int64>`` (a dict's value
+    ``None`` in the first batches): the run stopped as for lists of nulls; now the
+    files agree on the later type, the nulls kept."""
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(40)}), unit_rows=10),
+        models=(
+            chute.Model(
+                "m", partial(_nested_nulls_first, kind=kind), inputs=("id",), batch_size=10
+            ),
+        ),
+        carryover=("id",),
+        output=chute.Sink(str(out), file_rows=10),
+        engine=engine,  # type: ignore[arg-type]
+    )
+    assert job.run().complete
+    want = (
+        pa.struct([("a", pa.float64()), ("b", pa.int64())])
+        if kind == "struct"
+        else pa.map_(pa.string(), pa.float64())
+    )
+    written = {type_text(pq.read_schema(p).field("m").type) for p in out.glob("part-*")}
+    assert written == {type_text(want)}  # a map's entries are named after the column
+    table = pq.read_table(out).sort_by("id")
+    early = [None if i < 20 else float(i) for i in range(40)]
+    if kind == "struct":
+        assert table.column("m").to_pylist() == [{"a": a, "b": i} for i, a in enumerate(early)]
+    else:
+        assert table.column("m").to_pylist() == [[("k", a)] for a in early]
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_cut_to_isolate_a_failure_joins_empty_lists_and_values(tmp_path: Path) -> None:
+    """A batch bisected around a failing row: one piece's lists all empty (``list<null>``),
+    another's with values; joining them stopped the run ("arrays to be concatenated must
+    be identically typed")."""
+
+    def detector(batch: pa.Table) -> pa.Array:
+        ids = batch.column("id").to_pylist()
+        if 7 in ids:
+            raise ValueError("no image")
+        return pa.array([[] if i < 5 else [float(i)] for i in ids])
+
+    out = tmp_path / "out"
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": np.arange(20)})),
+        models=(chute.Model("m", detector, inputs=("id",), batch_size=10, on_error="quarantine"),),
+        carryover=("id",),
+        output=chute.Sink(str(out)),
+        engine="local",
+    )
+    assert job.run().complete
+    table = pq.read_table(out).sort_by("id")
+    assert table.column("id").to_pylist() == [i for i in range(20) if i != 7]
+    assert table.column("m").to_pylist() == [
+        [] if i < 5 else [float(i)] for i in range(20) if i != 7
+    ]
+
+
+def test_types_holding_null_are_typed_by_a_later_one() -> None:
+    """The committer's view of each part's columns (type texts): ``null`` anywhere is a
+    type not yet known, typed by another part; other differences are refused."""
+    from chute.sinks.records import merged_text, text_holds_null
+    from chute.stages import holds_null, typed_by
+
+    assert merged_text("list<null>", "list<double>") == "list<double>"
+    assert merged_text("list<double>", "list<null>") == "list<double>"
+    assert merged_text("null", "map<string, double>") == "map<string, double>"
+    assert merged_text("struct<a: null, b: double>", "struct<a: int64, b: null>") == (
+        "struct<a: int64, b: double>"
+    )
+    assert merged_text("fixed_size_list<null>[3]", "fixed_size_list<float>[3]") == (
+        "fixed_size_list<float>[3]"
+    )
+    for a, b in [
+        ("list<null>", "large_list<double>"),
+        ("fixed_size_list<null>[3]", "fixed_size_list<float>[4]"),
+        ("list<null>", "struct<a: double>"),
+        ("struct<null: double>", "struct<null: int64>"),  # a field named null
+        ("list<double>", "list<int64>"),
+    ]:
+        assert merged_text(a, b) is None and merged_text(b, a) is None
+    assert text_holds_null("map<string, struct<a: null>>")
+    assert not text_holds_null("struct<null: double>")
+
+    struct = pa.struct([("a", pa.null()), ("b", pa.float64())])
+    assert holds_null(pa.map_(pa.string(), struct)) and not holds_null(pa.list_(pa.int8()))
+    assert typed_by(pa.list_(pa.null()), pa.list_(pa.float64())) == pa.list_(pa.float64())
+    assert typed_by(pa.list_(pa.float64()), pa.list_(pa.null())) == pa.list_(pa.float64())
+    assert typed_by(pa.list_(pa.null()), pa.string()) == pa.list_(pa.null())
+    later = pa.struct([("a", pa.int64()), ("b", pa.null())])
+    assert typed_by(struct, later) == pa.struct([("a", pa.int64()), ("b", pa.float64())])
 
 
 @pytest.mark.parametrize("marked", [True, False])

@@ -41,6 +41,7 @@ import pyarrow as pa
 from chute.sinks import DataFile, PartRecord, PartWriter
 from chute.sinks.datafile import nulls_typed
 from chute.sinks.files import split_run
+from chute.stages import typed_by
 
 HOLD_SECONDS = 5.0
 """The longest a shared file of whole units stays open for more units."""
@@ -316,14 +317,15 @@ def _in_order(held: _Held, runs: list[Run], everything: bool) -> tuple[list[Run]
 
 def _alike(runs: list[Run]) -> list[Run]:
     """A unit's runs with each column that some of them have of the ``null`` type (a model
-    returned only ``None`` for their rows) of the type the others have for it: a file takes
+    returned only ``None`` for their rows), or holding it (only empty lists:
+    ``list<null>``), of the type the others have for it: a file takes
     one schema, and the unit's rows go on in one file, not a new one each time the type
     changes (:mod:`chute.runner.retype` types the files written before a type was known)."""
     types: dict[str, pa.Field] = {}
     for _, rows in runs:
         for column in rows.schema:
-            if not pa.types.is_null(column.type):
-                types.setdefault(column.name, column)
+            known = types.setdefault(column.name, column)
+            types[column.name] = known.with_type(typed_by(known.type, column.type))
     like = pa.schema(list(types.values()))
     return [nulls_typed(record, rows, like) for record, rows in runs]
 

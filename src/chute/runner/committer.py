@@ -21,7 +21,7 @@ from chute.metrics import State
 from chute.plan import Plan
 from chute.report import ProgressBar, StageStats, add_counters, progress_note
 from chute.sinks import PartRecord, read_ipc
-from chute.sinks.records import canonical_text
+from chute.sinks.records import canonical_text, merged_text, text_holds_null
 from chute.sources import Unit
 from chute.stages import KEY, decode
 
@@ -137,10 +137,11 @@ class Committer:
                 "Return the same columns in every batch (a value it has none for can be null)."
             )
         for name, kind in got.items():
-            if kind == "null" or kind == known[name]:
+            if kind == known[name]:
                 continue
-            if known[name] == "null":
-                known[name] = kind
+            agreed = merged_text(known[name], kind)  # null, list<null>: typed by the other
+            if agreed is not None:
+                known[name] = agreed
                 continue
             raise ModelError(
                 f"the output column {name!r} is {known[name]} in the parts written so far"
@@ -420,8 +421,8 @@ class Committer:
 
 def _has_null(columns: str) -> bool:
     """Whether a part's columns (:func:`~chute.sinks.records.describe_columns`) include one
-    of the ``null`` type."""
-    return bool(columns) and any(kind == "null" for _, kind in json.loads(columns))
+    of the ``null`` type, or one that holds it (``list<null>``: a model's empty lists)."""
+    return bool(columns) and any(text_holds_null(kind) for _, kind in json.loads(columns))
 
 
 def _files(parts: list[PartRecord]) -> list[list[Any]]:

@@ -2,13 +2,15 @@
 output is marked finished.
 
 A model that returns only nulls in its first batches (``None`` for every row) gives an
-Arrow column of the ``null`` type; once a later batch has values, the column has their type
-(:meth:`chute.stages.ModelStage._typed`), but the files written before keep ``null``. A
-reader of the whole output takes the first file's schema, and cannot cast a later file's
-``double`` to ``null``: ``pandas.read_parquet("out/")`` failed on a finished output. So
-before ``_SUCCESS``, each such file is written again with the type the other files have
-(its values are all null: nothing changes but the type), under a new name, and its units'
-ledger lines name the new file (:meth:`chute.ledger.Ledger.replace_file`)."""
+Arrow column of the ``null`` type, or one that holds it (only empty lists: ``list<null>``;
+a struct's field always ``None``: ``struct<a: null>``); once a later batch has values,
+the column has their type (:meth:`chute.stages.ModelStage._typed`), but the files written
+before keep ``null``. A reader of the whole output takes the first file's schema, and
+cannot cast a later file's ``double`` to ``null``: ``pandas.read_parquet("out/")`` failed
+on a finished output. So before ``_SUCCESS``, each such file is written again with the
+type the other files have (only its null places typed: nothing changes but the type),
+under a new name, and its units' ledger lines name the new file
+(:meth:`chute.ledger.Ledger.replace_file`)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import pyarrow.parquet as pq
 from chute.ledger import Ledger, entry_files
 from chute.retry import retrying
 from chute.sinks.files import write_parquet
+from chute.stages import cast_exactly, holds_null, typed_by
 from chute.storage import put
 
 READERS = 16
@@ -51,17 +54,18 @@ def retype_null_columns(ledger: Ledger) -> list[str]:
     suspects = [p for p in paths if p in marked]
     with ThreadPoolExecutor(READERS) as pool:
         schemas = dict(zip(suspects, pool.map(partial(_schema, ledger), suspects), strict=True))
-        final = _types(schemas.values())
-        untyped = {f.name for s in schemas.values() for f in s if pa.types.is_null(f.type)}
+        final = _types(schemas.values(), {})
+        untyped = {f.name for s in schemas.values() for f in s if holds_null(f.type)}
         others = [p for p in paths if p not in schemas]
-        while others and not untyped <= final.keys():  # a few typed files tell the type
-            chunk, others = others[:READERS], others[READERS:]
-            for typed in _types(pool.map(partial(_schema, ledger), chunk)).items():
-                final.setdefault(*typed)
+        while others and any(holds_null(final[name]) for name in untyped):  # a few typed
+            chunk, others = others[:READERS], others[READERS:]  # files tell the type
+            _types(pool.map(partial(_schema, ledger), chunk), final)
     replaced = []
     for path, schema in schemas.items():
         wanted = {
-            f.name: final[f.name] for f in schema if pa.types.is_null(f.type) and f.name in final
+            f.name: final[f.name]
+            for f in schema
+            if holds_null(f.type) and f.type != final[f.name] == typed_by(f.type, final[f.name])
         }
         if wanted:
             ledger.replace_file(path, *_rewrite(ledger, path, wanted))
@@ -69,13 +73,13 @@ def retype_null_columns(ledger: Ledger) -> list[str]:
     return replaced
 
 
-def _types(schemas: Iterable[pa.Schema]) -> dict[str, pa.DataType]:
-    """Each column's type in the first of ``schemas`` where it is not ``null``."""
-    final: dict[str, pa.DataType] = {}
+def _types(schemas: Iterable[pa.Schema], final: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
+    """Each column's type in ``final``, with where it is ``null`` (or holds it: ``list<null>``)
+    typed as ``schemas`` have it (:func:`~chute.stages.convert.typed_by`)."""
     for schema in schemas:
         for field in schema:
-            if not pa.types.is_null(field.type):
-                final.setdefault(field.name, field.type)
+            known = final.setdefault(field.name, field.type)
+            final[field.name] = typed_by(known, field.type)
     return final
 
 
@@ -85,13 +89,15 @@ def _schema(ledger: Ledger, path: str) -> pa.Schema:
 
 
 def _rewrite(ledger: Ledger, path: str, wanted: dict[str, pa.DataType]) -> tuple[str, int]:
-    """The file again, its all-null columns of the ``wanted`` types, under a new name (the
-    same unit and row, another tag): its new name and size."""
+    """The file again, its columns that hold ``null`` of the ``wanted`` types (their
+    values as they were: nulls, empty lists), under a new name (the same unit and row,
+    another tag): its new name and size."""
     full = f"{ledger.root}/{path}"
     table = retrying(lambda: pq.read_table(ledger.fs.open_input_file(full)), f"reading {path}")
     for name, kind in wanted.items():
         index = table.schema.get_field_index(name)
-        table = table.set_column(index, pa.field(name, kind), pa.nulls(table.num_rows, kind))
+        typed = cast_exactly(table.column(index), kind)  # only the null places change
+        table = table.set_column(index, pa.field(name, kind), typed)
     renamed = re.sub(r"-[0-9a-f]{8}(\.parquet)$", rf"-{uuid.uuid4().hex[:8]}\1", path)
     target = f"{ledger.root}/{renamed}"
     size = retrying(

@@ -28,6 +28,7 @@ from chute.formats import check_csv, csv_ready
 from chute.retry import retrying
 from chute.sinks.files import as_written, encode, parquet_options
 from chute.sinks.records import PartRecord, describe_columns
+from chute.stages import holds_null, typed_by
 from chute.storage import is_local, put, settle, writing
 
 
@@ -172,23 +173,26 @@ class DataFile:
 
 
 def typed_like(schema: pa.Schema, like: pa.Schema) -> pa.Schema:
-    """``schema`` with each column of the ``null`` type of the type ``like`` has for it,
-    where that is not ``null`` too."""
+    """``schema`` with each column of the ``null`` type, or that holds it (a model's empty
+    lists, ``list<null>``), of the type ``like`` has for it, where that is the column's
+    with only its null places typed (:func:`~chute.stages.convert.typed_by`)."""
     fields = []
     for field in schema:
         index = like.get_field_index(field.name)
         typed = like.field(index).type if index >= 0 else field.type
-        fields.append(field.with_type(typed) if pa.types.is_null(field.type) else field)
+        fits = holds_null(field.type) and typed_by(field.type, typed) == typed
+        fields.append(field.with_type(typed) if fits else field)
     return pa.schema(fields, schema.metadata)
 
 
 def nulls_typed(
     record: PartRecord, table: pa.Table, like: pa.Schema
 ) -> tuple[PartRecord, pa.Table]:
-    """A run whose model returned only ``None`` (a column of the ``null`` type) with that
-    column of ``like``'s type, its values still null: a Parquet writer takes one schema,
-    and a run of the ``null`` type beside a typed one in a file stopped the run. The
-    record's columns say the type written (the committer checks them)."""
+    """A run whose model returned only ``None`` (a column of the ``null`` type), or only
+    empty lists (``list<null>``), with that column of ``like``'s type, its values as they
+    were: a Parquet writer takes one schema, and a run of the ``null`` type beside a typed
+    one in a file stopped the run. The record's columns say the type written (the
+    committer checks them)."""
     typed = typed_like(table.schema, like)
     if typed.equals(table.schema):
         return record, table

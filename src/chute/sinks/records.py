@@ -115,6 +115,64 @@ def type_text(kind: pa.DataType) -> str:
     return str(kind)
 
 
+def _null_at(text: str, i: int) -> bool:
+    """Whether ``text`` (a :func:`type_text`) has the ``null`` type at ``i``: where a type
+    goes (the start, after ``<``, a field's ``: `` or a map's ``, ``), and ending there."""
+    if not text.startswith("null", i) or text[i + 4 : i + 5] not in ("", ",", ">"):
+        return False
+    return i == 0 or text[i - 1] == "<" or text[i - 2 : i] in (": ", ", ")
+
+
+def _type_end(text: str, i: int) -> int:
+    """Where the type that begins at ``i`` of ``text`` ends (a :func:`type_text`): at the
+    first ``,`` or ``>`` outside its own brackets, or the end."""
+    depth = 0
+    for at in range(i, len(text)):
+        if text[at] in "<([":
+            depth += 1
+        elif text[at] in ">)]":
+            if depth == 0:
+                return at
+            depth -= 1
+        elif text[at] == "," and depth == 0:
+            return at
+    return len(text)
+
+
+def text_holds_null(text: str) -> bool:
+    """Whether a type as :func:`type_text` writes it is ``null`` or holds it at any depth
+    (``list<null>``: a model's empty lists), a type not yet known there."""
+    return any(_null_at(text, i) for i in range(len(text)))
+
+
+def merged_text(a: str, b: str) -> str | None:
+    """The type two parts' columns (as :func:`type_text` writes them) agree on, where
+    each holds ``null`` (all its values null: a model's ``None``, its empty lists) only
+    where the other has that type or ``null`` too: ``list<null>`` and ``list<double>``
+    give ``list<double>``. ``None`` where they differ elsewhere."""
+    out: list[str] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        if _null_at(a, i) and not _null_at(b, j):
+            end = _type_end(b, j)
+            if end == j:
+                return None
+            out.append(b[j:end])
+            i, j = i + 4, end
+        elif _null_at(b, j) and not _null_at(a, i):
+            end = _type_end(a, i)
+            if end == i:
+                return None
+            out.append(a[i:end])
+            i, j = end, j + 4
+        elif i < len(a) and j < len(b) and a[i] == b[j]:
+            out.append(a[i])
+            i, j = i + 1, j + 1
+        else:
+            return None
+    return "".join(out)
+
+
 def records_to_table(records: Sequence[PartRecord]) -> pa.Table:
     """Records as a small Arrow table (what Ray ships back to the driver)."""
     columns = {f.name: [getattr(r, f.name) for r in records] for f in fields(PartRecord)}

@@ -13,7 +13,7 @@ batch does not depend on the engine.
 
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
-from chute.stages.convert import cast_exactly, to_columns, to_format
+from chute.stages.convert import cast_exactly, holds_null, to_columns, to_format, typed_by
 from chute.stages.model import TIMEOUT_RETRIES, ModelStage, OutputTypes
 from chute.stages.rows import (
     EMPTY,
@@ -58,10 +58,12 @@ __all__ = [
     "cast_exactly",
     "decode",
     "empty_marker",
+    "holds_null",
     "mark_failed",
     "preparer",
     "skip_marker",
     "tag",
     "to_columns",
     "to_format",
+    "typed_by",
 ]

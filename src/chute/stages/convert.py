@@ -217,6 +217,31 @@ def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
     return all(_same_kind(child, wanted[name]) for name, child in have)
 
 
+def holds_null(t: pa.DataType) -> bool:
+    """Whether ``t`` is the ``null`` type or holds it at any depth (a list's values, a
+    map's keys or items, a struct's field): a batch whose values were all null there (a
+    model's empty lists, ``list<null>``), whose type is not yet known in that place."""
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return holds_null(t.value_type)
+    return any(holds_null(child) for _, child in _children(t))
+
+
+def typed_by(known: pa.DataType, got: pa.DataType) -> pa.DataType:
+    """``known`` with the places it holds only nulls (the ``null`` type, at any depth: a
+    model's first batches of ``None`` or of empty lists) of ``got``'s types there, where
+    ``got``'s values can be that type (:func:`_same_kind`); else ``known``. ``null``
+    itself takes ``got`` whole. A type already known is never changed: ``list<double>``
+    stays, and a later ``list<null>`` is cast to it."""
+    if pa.types.is_null(known):
+        return got
+    if got == known or not holds_null(known):
+        return known
+    typed = _nulls_typed(known, got)
+    return typed if _same_kind(got, typed) else known
+
+
 def _kind(t: pa.DataType) -> str:
     """What a type's values are, whatever their width or unit (a nested type's own kind:
     its children's are :func:`_children`). A timestamp with a zone is an instant; one

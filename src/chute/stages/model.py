@@ -27,7 +27,7 @@ from chute.models.base import PREPARED, ROW, torch_threads
 from chute.oom import is_out_of_memory
 from chute.stages.batching import Batching, BatchSizer
 from chute.stages.clock import StageClock
-from chute.stages.convert import cast_exactly, to_columns, to_format
+from chute.stages.convert import cast_exactly, to_columns, to_format, typed_by
 from chute.stages.rows import (
     KEY,
     decode,
@@ -236,8 +236,11 @@ class ModelStage:
         values: NumPy and pandas make an integer column with a null ``float64`` in that
         batch only, and the files of one output would then disagree (or one file could not
         take the batch). A batch whose values that type cannot hold exactly is an error
-        that says what to return instead; all-null values take the type. The columns
-        themselves must be the same in every batch."""
+        that says what to return instead; all-null values take the type. A type that
+        holds ``null`` (all-null values, or empty lists: ``list<null>``, a struct's field
+        that was always ``None``) is not yet known there: a later batch's type fills it in
+        (:func:`~chute.stages.convert.typed_by`). The columns themselves must be the same
+        in every batch."""
         marks = f"{self.name}_{ROW_ERROR}"  # rows it failed: a column of some batches only
         names = sorted(c for c in columns if c != marks)
         known = self._outputs
@@ -247,11 +250,8 @@ class ModelStage:
                 known.order = [c for c in columns if c != marks]
             wanted, types, order = known.names, known.types, list(known.order)
             for name, array in columns.items():
-                if name != marks and (
-                    name not in types
-                    or (pa.types.is_null(types[name]) and not pa.types.is_null(array.type))
-                ):
-                    types[name] = array.type
+                if name != marks:  # a type not yet known (null, list<null>...) takes this one's
+                    types[name] = typed_by(types[name], array.type) if name in types else array.type
             types = dict(types)
         if names != wanted:
             raise ModelError(

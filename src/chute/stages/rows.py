@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from chute.stages.convert import cast_exactly, holds_null, typed_by
+
 KEY = "__chute_key"
 ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -121,13 +123,18 @@ def scatter(
 
 def _joined(arrays: list[pa.Array]) -> pa.Array:
     """The pieces of one output column, end to end. A piece whose values were all ``None``
-    has Arrow's null type: it takes the others' type, as one call over the whole batch
-    would have given (a batch cut for memory or to isolate a failure must not fail where
-    it whole would not)."""
-    kinds = {a.type for a in arrays if not pa.types.is_null(a.type)}
-    if len(kinds) == 1 and any(pa.types.is_null(a.type) for a in arrays):
-        kind = kinds.pop()
-        arrays = [pa.nulls(len(a), kind) if pa.types.is_null(a.type) else a for a in arrays]
+    has Arrow's null type (only empty lists: ``list<null>``): it takes the others' type, as
+    one call over the whole batch would have given (a batch cut for memory or to isolate a
+    failure must not fail where it whole would not)."""
+    kind = arrays[0].type
+    for array in arrays[1:]:
+        kind = typed_by(kind, array.type)
+    arrays = [
+        cast_exactly(pa.chunked_array([a]), kind).combine_chunks()
+        if a.type != kind and holds_null(a.type) and typed_by(a.type, kind) == kind
+        else a
+        for a in arrays
+    ]
     return pa.concat_arrays(arrays)
 
 
