@@ -1450,6 +1450,32 @@ def test_a_column_null_in_every_row_cannot_make_a_table_column(tmp_path: Path) -
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+def test_lists_empty_in_every_row_cannot_make_a_table_column(fmt: str, tmp_path: Path) -> None:
+    """A part whose lists were all empty (``list<null>``) made a Delta table of that type,
+    and the later parts' ``list<double>`` were refused; Iceberg named a type it has none
+    of. Refused as a column null in every row is, before anything is written."""
+    table = pa.table({"id": range(20)})
+
+    def found(batch: pa.Table) -> pa.Array:
+        ids = batch.column("id").to_pylist()
+        return pa.array([[] if ids[0] < 10 else [float(i)] for i in ids])
+
+    sink = table_sink(fmt, tmp_path)
+    bad = chute.Job(
+        source=chute.TableSource(table),
+        models=(chute.Model("m", found, inputs=("id",), batch_size=10),),
+        carryover=("id",),
+        output=sink,
+        engine="local",
+    )
+    with pytest.raises(chute.ModelError, match=r"'m' is list<item: null>: only nulls or empty"):
+        bad.run()
+    if fmt == "delta":
+        assert not (tmp_path / "preds.delta" / "_delta_log").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
 def test_nanosecond_and_zoned_timestamps_are_stored_as_these_tables_store_them(
     tmp_path: Path, fmt: str
 ) -> None:

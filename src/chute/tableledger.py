@@ -56,6 +56,7 @@ from chute.lease import Lease
 from chute.ledger import LEDGER_DIR, LEDGER_FILE, MANIFEST, SUCCESS, Ledger
 from chute.retry import retrying
 from chute.sinks import output_filesystem
+from chute.stages import holds_null
 from chute.storage import append, check, is_local, make_dir
 from chute.tables import (
     DATA_DIR,
@@ -457,14 +458,20 @@ class TableLedger(Ledger):
         schema = self._schema
         for text in {i["schema"] for e in batch for i in e.get("table", [])}:
             written = schema_from(text)
-            if (void := [f.name for f in written if pa.types.is_null(f.type)]) != []:
+            if (void := [f for f in written if holds_null(f.type)]) != []:
                 # a table column needs a type: created from these rows it would be "void"
-                # (Delta, Lance), and no later rows with values could go in
+                # (Delta, Lance), or list<null>, and no later rows with values could go in
+                what = (
+                    "null in every row"
+                    if pa.types.is_null(void[0].type)
+                    else f"{void[0].type}: only nulls or empty lists in every row"
+                )
                 raise ModelError(
-                    f"column {void[0]!r} is null in every row of a part written for "
+                    f"column {void[0].name!r} is {what} of a part written for "
                     f"{self._name()}, so it has no type a table column could take. Return "
                     "typed nulls from the model (pa.nulls(n, pa.float64()), or a float "
-                    "array of NaN), or values; a carried input column null in every row: cast "
+                    "array of NaN), or values, and typed lists (pa.array(rows, "
+                    "pa.list_(pa.float64()))); a carried input column null in every row: cast "
                     "it in a preprocess step, or leave it out of the carryover."
                 )
             if schema is None:
