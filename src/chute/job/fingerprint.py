@@ -119,18 +119,26 @@ def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
     if len(old) != len(new) or not all(isinstance(m, Mapping) for m in [*old, *new]):
         return ["models"]
     return [
-        f"models[{i}].{field}" + _MODEL_FIELDS.get(field, "")
+        f"models[{i}].{field}" + (_held(a[field], b[field]) if field == "state" else "")
         for i, (a, b) in enumerate(zip(old, new, strict=True))
         for field in sorted(set(a) | set(b))
         if a.get(field) != b.get(field)
     ]
 
 
-_MODEL_FIELDS = {
-    "state": " (what the model object holds: its weights, fitted values or the values "
-    "its function captured)"
-}
-"""What a model field's name alone would not tell."""
+def _held(old: Any, new: Any) -> str:
+    """`` (what the model object holds: coef_, intercept_)``: the attributes that differ."""
+    named = ""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+        named = (
+            ": " + ", ".join(keys[:5]) + (f" and {len(keys) - 5:,} more" if len(keys) > 5 else "")
+        )
+    return (
+        f" (what the model object holds{named}; its weights, fitted values or the values its "
+        "function captured. If it only ran since, a model that loads or caches on its first "
+        "call, build it afresh before running the job again)"
+    )
 
 
 def fn_name(fn: Any) -> str:
@@ -193,7 +201,7 @@ def describe_model(model: Model) -> dict[str, Any]:
     return described
 
 
-def fn_state(fn: Any) -> str | None:
+def fn_state(fn: Any) -> dict[str, str] | str | None:
     """What a model given as a Python object holds beside its code: an instance's
     attributes (a fitted estimator's coefficients, a module's weights), the values a
     closure captured, a ``functools.partial``'s function and arguments, the object a bound
@@ -205,7 +213,7 @@ def fn_state(fn: Any) -> str | None:
     if isinstance(fn, functools.partial):
         return _short_repr([fn_name(fn.func), fn_state(fn.func), fn.args, fn.keywords])
     if inspect.ismethod(fn):
-        return _short_repr(fn.__self__)
+        return _attributes(fn.__self__)
     if inspect.isfunction(fn):
         held = {
             "closure": [_cell(c) for c in fn.__closure__ or ()],
@@ -213,7 +221,16 @@ def fn_state(fn: Any) -> str | None:
             "kwdefaults": fn.__kwdefaults__ or {},
         }
         return _short_repr(held) if any(held.values()) else None
-    return _short_repr(fn) if _stateful(fn) else None
+    return _attributes(fn) if _stateful(fn) else None
+
+
+def _attributes(value: Any) -> dict[str, str] | str:
+    """An object's state attribute by attribute (a torch module's weight by weight), so
+    that a refusal can name what changed: ``models[0].state (coef_)``."""
+    state = _state(value) if _stateful(value) else None
+    if not isinstance(state, Mapping):
+        return _short_repr(value)
+    return {str(k): _short_repr(v, 1, frozenset({id(value)}), held=True) for k, v in state.items()}
 
 
 def _cell(cell: Any) -> Any:
@@ -241,8 +258,8 @@ def _metric_like(value: Any) -> bool:
 
 
 HASHED_ARRAY_BYTES = 64 * 2**20
-"""Arrays and tensors in constructor arguments up to this size are hashed by content (a
-state dict's weights); bigger payloads are described by shape and dtype only."""
+"""Arrays and tensors in constructor arguments and model objects up to this size are
+hashed whole (a state dict's weights); of bigger ones, this many bytes evenly spaced."""
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -254,18 +271,32 @@ STATE_DEPTH = 12
 model object: each object and each mapping a level); deeper ones by their ``repr``."""
 
 
-def _short_repr(value: Any, depth: int = 0, within: frozenset[int] = frozenset()) -> str:
+def _short_repr(
+    value: Any, depth: int = 0, within: frozenset[int] = frozenset(), held: bool = False
+) -> str:
     """A cheap description of a constructor argument or a model object: small arrays,
     tables and frames by content, big ones by shape, mappings and sequences item by item,
     other objects by their state (what pickling them keeps: a fitted estimator's
     coefficients, a torch module's weights, a booster's model bytes). A long text or list
     is kept as a hash of its content: never its length alone, or a prompt edited to one of
-    the same length would resume an output that the old prompt began."""
-    inner = functools.partial(_short_repr, depth=depth + 1, within=within | {id(value)})
+    the same length would resume an output that the old prompt began.
+
+    ``held``: inside an object's state, where a mapping's order is the object's (a dict
+    built from a set differs between processes): sorted there, not in arguments, whose
+    description an earlier chute kept in their order."""
+    inner = functools.partial(_short_repr, depth=depth + 1, within=within | {id(value)}, held=held)
     if id(value) in within:  # an object that holds itself, through its attributes
         return f"<{type(value).__qualname__} itself>"
+    if isinstance(value, (list, tuple, Mapping)) and len(value) > 1000 and _plain(value):
+        ordered = (
+            sorted(value.items(), key=lambda i: repr(i[0]))
+            if held and isinstance(value, Mapping)
+            else value
+        )
+        return _digest(value, repr(ordered))  # at C speed
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k!r}: {inner(v)}" for k, v in value.items()) + "}"
+        items = sorted(value.items(), key=lambda i: repr(i[0])) if held else value.items()
+        return "{" + ", ".join(f"{k!r}: {inner(v)}" for k, v in items) + "}"
     if isinstance(value, (list, tuple)):
         text = "[" + ", ".join(inner(v) for v in value) + "]"
         return text if len(value) <= 1000 else _digest(value, text)
@@ -279,10 +310,21 @@ def _short_repr(value: Any, depth: int = 0, within: frozenset[int] = frozenset()
         return f"{type(value).__name__}{dims}:{getattr(value, 'dtype', '')}{_content(value)}"
     if depth < STATE_DEPTH and _stateful(value) and (state := _state(value)) is not None:
         name = f"{type(value).__module__}.{type(value).__qualname__}"
-        text = f"{name}({inner(state)})"
+        text = f"{name}({_short_repr(state, depth + 1, within | {id(value)}, held=True)})"
         return text if len(text) <= 200 else _digest(value, text)
     text = _ADDRESS.sub("", repr(value))
     return text if len(text) <= 200 else _digest(value, text)
+
+
+_PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """A long list of texts and numbers, or a mapping of them (a vocabulary): described
+    by its ``repr`` at once, not item by item (5 million texts took 30 s)."""
+    if isinstance(value, Mapping):
+        return all(type(k) in _PRIMITIVE and type(v) in _PRIMITIVE for k, v in value.items())
+    return all(type(v) in _PRIMITIVE for v in value)
 
 
 def _dims(value: Any) -> tuple[Any, ...] | None:
@@ -308,11 +350,14 @@ def _state(value: Any) -> Any:
     a torch module's ``state_dict()`` (every weight, however deep the module); ``None``
     when none can be had. Left out: an attribute named as an id that holds a memory
     address (scikit-learn's ``_stop_words_id``), new in every process."""
-    if type(value).__module__.startswith("torch") and callable(getattr(value, "state_dict", None)):
+    if _torch_module(value):
         try:
             return dict(value.state_dict())
         except Exception:  # a module that cannot list its weights: its attributes
             pass
+    if type(value).__module__.startswith("tokenizers") and callable(getattr(value, "to_str", None)):
+        settings = json.loads(value.to_str())  # a Rust tokenizer: its vocabulary and rules,
+        return {k: v for k, v in settings.items() if k not in ("padding", "truncation")}
     try:
         state = value.__getstate__()
     except Exception:  # an object that refuses to be pickled: its attributes say most
@@ -323,6 +368,16 @@ def _state(value: Any) -> Any:
         kept = {k: v for k, v in state.items() if not _address(k, v)}
         return dict(sorted(kept.items(), key=lambda item: str(item[0])))
     return state
+
+
+def _torch_module(value: Any) -> bool:
+    """A ``torch.nn.Module`` (a transformers or sentence-transformers model too): its
+    weights are what it holds. Its attributes are not: ``training`` flips when it runs,
+    and a generation config keeps ``hash()`` of a text, new in every process."""
+    return any(
+        k.__module__ == "torch.nn.modules.module" and k.__qualname__ == "Module"
+        for k in type(value).__mro__
+    )
 
 
 def _address(key: Any, value: Any) -> bool:
@@ -345,6 +400,16 @@ def _content(array: Any) -> str:
     nbytes = getattr(array, "nbytes", None)
     if type(array).__module__.startswith("pandas") and hasattr(array, "memory_usage"):
         nbytes = int(np.sum(array.memory_usage(deep=True)))  # a frame has no nbytes
+    if isinstance(array, np.ndarray) and array.dtype.hasobject:  # texts (feature names)
+        if array.size > 100_000:
+            return ""
+        items = ", ".join(_short_repr(item) for item in array.ravel().tolist())
+        return (
+            "#" + hashlib.blake2b(items.encode(errors="surrogatepass"), digest_size=8).hexdigest()
+        )
+    big = isinstance(nbytes, int) and nbytes > HASHED_ARRAY_BYTES
+    if big and (isinstance(array, np.ndarray) or hasattr(array, "detach")):
+        return _sampled(array)
     if not isinstance(nbytes, int) or nbytes > HASHED_ARRAY_BYTES:
         return ""
     if type(array).__module__.startswith("pandas"):
@@ -374,3 +439,22 @@ def _content(array: Any) -> str:
         return ""
     raw = np.ascontiguousarray(array).view(np.uint8)
     return "#" + hashlib.blake2b(raw.data, digest_size=8).hexdigest()
+
+
+def _sampled(array: Any) -> str:
+    """``#~<hash>`` of every n-th byte of a big array or tensor, :data:`HASHED_ARRAY_BYTES`
+    in all (taken where the tensor is: a GPU's copies that much, not the whole): an 800 MB
+    table or a model's weights trained again are another job, at the cost of hashing
+    64 MiB. A change confined to the bytes between those taken is not seen."""
+    import numpy as np
+
+    if hasattr(array, "detach"):
+        import torch
+
+        flat = array.detach().contiguous().reshape(-1).view(torch.uint8)
+        step = -(-flat.numel() // HASHED_ARRAY_BYTES)
+        raw = flat[::step].cpu().numpy()
+    else:
+        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        raw = np.ascontiguousarray(flat[:: -(-flat.size // HASHED_ARRAY_BYTES)])
+    return "#~" + hashlib.blake2b(raw.data, digest_size=8).hexdigest()
