@@ -527,6 +527,52 @@ def test_long_lists_and_big_arrays_are_described_by_content_cheaply() -> None:
     assert _described(Scaler, table=table) != before
 
 
+def test_an_output_begun_without_the_object_s_state_says_why_it_is_refused() -> None:
+    """Begun by an earlier chute (or with the model as a class), the description has no
+    state: comparing it raised KeyError, a traceback."""
+    before, after = _described(Scaler, factor=2.0), _described(Scaler(2.0))
+    assert "state" not in before["models"][0]
+    assert "whether it changed cannot be told" in describe_changes(before, after)
+
+
+def test_what_belongs_to_the_process_is_not_the_model_s_state() -> None:
+    """A logger was described through every logger of the process, a thread pool by how
+    many pools the process made before it: each resume was refused."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Logged(Scaler):
+        def __init__(self, factor: float) -> None:
+            super().__init__(factor)
+            self.log = logging.getLogger("chute.test.model")
+            self.pool = ThreadPoolExecutor(1)
+
+    model = Logged(2.0)
+    before = _described(model)
+    logging.getLogger("chute.test.other").addHandler(logging.NullHandler())
+    ThreadPoolExecutor(1).shutdown()
+    model.pool.shutdown()
+    model.pool = ThreadPoolExecutor(1)
+    assert _described(model) == before
+    model.pool.shutdown()
+
+
+def test_past_the_budget_big_weights_are_sampled_and_still_seen() -> None:
+    """2 GB of 32 MiB weights were hashed whole, 4 s a run here: past 256 MiB each is
+    hashed by 1 MiB of its bytes, and a change to all of them is still seen."""
+    import numpy as np
+
+    class Big(Scaler):
+        def __init__(self, factor: float) -> None:
+            super().__init__(factor)
+            self.weights = [np.full(2**22, factor) for _ in range(12)]  # 12 x 32 MiB
+
+    before, after = _described(Big(2.0)), _described(Big(3.0))
+    assert before["models"][0]["state"]["weights"] != after["models"][0]["state"]["weights"]
+    assert "#~" in before["models"][0]["state"]["weights"]
+    assert _described(Big(2.0)) == before
+
+
 def test_a_model_object_is_described_the_same_in_every_process() -> None:
     """Sets, dictionaries and addresses differ between processes (scikit-learn keeps
     ``id(stop_words)``): described as they print, every resume would be refused."""

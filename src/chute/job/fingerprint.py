@@ -4,6 +4,7 @@ changed)."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -119,7 +120,7 @@ def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
     if len(old) != len(new) or not all(isinstance(m, Mapping) for m in [*old, *new]):
         return ["models"]
     return [
-        f"models[{i}].{field}" + (_held(a[field], b[field]) if field == "state" else "")
+        f"models[{i}].{field}" + (_held(a.get(field), b.get(field)) if field == "state" else "")
         for i, (a, b) in enumerate(zip(old, new, strict=True))
         for field in sorted(set(a) | set(b))
         if a.get(field) != b.get(field)
@@ -128,6 +129,13 @@ def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
 
 def _held(old: Any, new: Any) -> str:
     """`` (what the model object holds: coef_, intercept_)``: the attributes that differ."""
+    if old is None and new is not None:
+        return (
+            " (what the model object holds: the output was begun with the model given as "
+            "a class or name, or by an earlier chute, which did not record it, so whether it "
+            "changed cannot be told. Finish the output as it was begun, or start it again "
+            "with --overwrite)"
+        )
     named = ""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
@@ -287,7 +295,7 @@ def _short_repr(
     inner = functools.partial(_short_repr, depth=depth + 1, within=within | {id(value)}, held=held)
     if id(value) in within:  # an object that holds itself, through its attributes
         return f"<{type(value).__qualname__} itself>"
-    if isinstance(value, (list, tuple, Mapping)) and len(value) > 1000 and _plain(value):
+    if held and isinstance(value, (list, tuple, Mapping)) and len(value) > 1000 and _plain(value):
         ordered = (
             sorted(value.items(), key=lambda i: repr(i[0]))
             if held and isinstance(value, Mapping)
@@ -339,9 +347,21 @@ def _dims(value: Any) -> tuple[Any, ...] | None:
 
 def _stateful(value: Any) -> bool:
     """An object whose attributes are its state: not a module, class, function or method
-    (those are described by name; a function's code is hashed apart)."""
+    (those are described by name; a function's code is hashed apart), nor a part of the
+    process that runs it (:data:`_RUNTIME`)."""
     plain = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
-    return hasattr(value, "__dict__") and not isinstance(value, (*plain, types.MethodType))
+    if isinstance(value, (*plain, types.MethodType)) or not hasattr(value, "__dict__"):
+        return False
+    return type(value).__module__.split(".")[0] not in _RUNTIME
+
+
+_RUNTIME = frozenset(
+    {"logging", "threading", "concurrent", "queue", "socket", "ssl", "selectors", "asyncio"}
+    | {"multiprocessing", "subprocess", "io", "_io", "_thread", "weakref", "tempfile", "ray"}
+)
+"""Modules whose objects belong to the process, not the model: a logger (through it, the
+process's every logger), a thread pool (named by how many the process made before), a
+lock, a file, a Ray handle. Described by their ``repr``, addresses left out."""
 
 
 def _state(value: Any) -> Any:
@@ -407,9 +427,12 @@ def _content(array: Any) -> str:
         return (
             "#" + hashlib.blake2b(items.encode(errors="surrogatepass"), digest_size=8).hexdigest()
         )
-    big = isinstance(nbytes, int) and nbytes > HASHED_ARRAY_BYTES
+    left = _HASHED.get()
+    big = isinstance(nbytes, int) and nbytes > min(HASHED_ARRAY_BYTES, left)
     if big and (isinstance(array, np.ndarray) or hasattr(array, "detach")):
-        return _sampled(array)
+        return _sampled(array, HASHED_ARRAY_BYTES if left >= HASHED_ARRAY_BYTES else 2**20)
+    if isinstance(nbytes, int):
+        _HASHED.set(left - nbytes)
     if not isinstance(nbytes, int) or nbytes > HASHED_ARRAY_BYTES:
         return ""
     if type(array).__module__.startswith("pandas"):
@@ -441,20 +464,33 @@ def _content(array: Any) -> str:
     return "#" + hashlib.blake2b(raw.data, digest_size=8).hexdigest()
 
 
-def _sampled(array: Any) -> str:
-    """``#~<hash>`` of every n-th byte of a big array or tensor, :data:`HASHED_ARRAY_BYTES`
-    in all (taken where the tensor is: a GPU's copies that much, not the whole): an 800 MB
-    table or a model's weights trained again are another job, at the cost of hashing
-    64 MiB. A change confined to the bytes between those taken is not seen."""
+HASHED_BYTES = 256 * 2**20
+"""Bytes of arrays and tensors hashed whole in one job's description; past them, each is
+hashed by 1 MiB of its bytes, every n-th (training changes every weight of a layer it
+trains): a 14 GB model's weights cost about a second, not 25."""
+
+_HASHED: contextvars.ContextVar[int] = contextvars.ContextVar("hashed", default=HASHED_BYTES)
+"""What is left of :data:`HASHED_BYTES` while one job is described (:func:`describing`)."""
+
+
+def describing() -> contextvars.Token[int]:
+    """Start describing a job: the whole of :data:`HASHED_BYTES` is left again."""
+    return _HASHED.set(HASHED_BYTES)
+
+
+def _sampled(array: Any, limit: int = HASHED_ARRAY_BYTES) -> str:
+    """``#~<hash>`` of every n-th byte of a big array or tensor, ``limit`` bytes in all
+    (taken where the tensor is: a GPU copies that much, not the whole): an 800 MB table or
+    a model's weights trained again are another job, at the cost of hashing 64 MiB. A
+    change confined to the bytes between those taken is not seen."""
     import numpy as np
 
     if hasattr(array, "detach"):
         import torch
 
         flat = array.detach().contiguous().reshape(-1).view(torch.uint8)
-        step = -(-flat.numel() // HASHED_ARRAY_BYTES)
-        raw = flat[::step].cpu().numpy()
+        raw = flat[:: -(-flat.numel() // limit)].cpu().numpy()
     else:
         flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        raw = np.ascontiguousarray(flat[:: -(-flat.size // HASHED_ARRAY_BYTES)])
+        raw = np.ascontiguousarray(flat[:: -(-flat.size // limit)])
     return "#~" + hashlib.blake2b(raw.data, digest_size=8).hexdigest()

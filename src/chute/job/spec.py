@@ -10,6 +10,7 @@ from chute.errors import ConfigError
 from chute.job.fingerprint import (
     describe_metric,
     describe_model,
+    describing,
     fingerprint_of,
     fn_name,
     metric_code,
@@ -374,6 +375,7 @@ class JobSpec:
     def describe(self) -> dict[str, Any]:
         """What determines the output, as plain data (kept in the ledger)."""
         text = self.output is not None and self.output.format in ("csv", "jsonl")
+        describing()  # a budget of bytes hashed whole, for this description
         return {
             **({"text_version": TEXT_VERSION} if text else {}),
             "source": self.source.describe(),
