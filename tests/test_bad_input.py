@@ -374,6 +374,88 @@ def test_a_quote_inside_a_csv_value_that_does_not_open_it_is_text(tmp_path: Path
     assert table.column("note").to_pylist() == ['a "b", c', 'x"y']
 
 
+def _read_csv(path: Path, text: bytes, columns: list[str] | None = None) -> pa.Table:
+    path.write_bytes(text)
+    source = chute.FileSource(str(path))
+    return pa.concat_tables(source.read(u, columns) for u in source.plan())
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "why"),
+    [
+        # the second stray quote closes the field the first opened: rows 3 and 4 in it
+        (b'id,desc\n1,a\n2,"Hello\n3,c\n4,"Bye\n5,e\n6,f\n', 3, "middle of a later value"),
+        (b'id,desc,z\n1,a,z\n2,"Hello,z\n3,c,z\n4,"Bye,z\n5,e,z\n', 3, "middle of a later"),
+        (b'id,desc,z\n1,a,z\n2,"b,z\n3,c"x,z\n4,d,z\n', 3, "middle of a later value"),
+        # closed at the end of a value: the line after the break reads as a record
+        (b'id,desc\n1,a\n2,"Hello\n3,c\n4,5 inch"\n5,e\n', 3, "reads as a record"),
+        # open to the end, beside a quote that is text: the count of quotes is even
+        (b'id,desc\n1,5" screen\n2,"open\n3,c\n4,d\n', 3, "never closed"),
+        (b'id,desc,z\n1,5"x,z\n2,a,"open\n3,c,z\n4,d,z\n', 3, "never closed"),
+        (b'\xef\xbb\xbfid,desc\r\n1,a\r\n2,"Hello\r\n3,c\r\n4,"Bye\r\n', 3, "later value"),
+    ],
+    ids=[
+        "two-open",
+        "two-open-middle",
+        "closed-by-stray",
+        "record",
+        "beside-text",
+        "beside-text-middle",
+        "crlf-bom",
+    ],
+)
+@pytest.mark.parametrize("columns", [None, ["id"]])
+def test_quotes_left_open_in_pairs_are_refused_not_rows_merged(
+    tmp_path: Path, text: bytes, line: int, why: str, columns: list[str] | None
+) -> None:
+    """Only an odd count of quotes was looked at: a second stray quote closed the field
+    the first opened, and the rows between were read as one value, in silence (4 rows of
+    6, exit 0), under on_bad_input fail and skip alike."""
+    with pytest.raises(chute.DataError, match=r"a\.csv' has a quote") as info:
+        _read_csv(tmp_path / "a.csv", text, columns)
+    assert f"on line {line} " in str(info.value)
+    assert why in str(info.value)
+
+
+def test_a_pair_of_open_quotes_leaves_its_file_out_under_skip(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.csv").write_text("id,desc\n1,a\n2,b\n")
+    (root / "b.csv").write_text('id,desc\n3,"c\n4,d\n5,"e\n6,f\n')
+    model = chute.Model("m", lambda b: np.ones(b.num_rows), inputs=("desc",))
+    job = chute.Job(
+        source=chute.FileSource(str(root)),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+        on_bad_input="skip",
+    )
+    report = job.run()
+    assert sorted(pd.read_parquet(tmp_path / "out").id) == [1, 2]
+    assert [b["unit"].rsplit("/", 1)[1] for b in report.units_bad] == ["b.csv"]
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        (b'id,addr\n1,"12 Main St\nSpringfield, IL"\n2,x\n', ["12 Main St\nSpringfield, IL", "x"]),
+        (b'k,text\nk1,"Hi,\nthanks, bye"\nk2,x\n', ["Hi,\nthanks, bye", "x"]),
+        (b'id,text\r\n1,"p1\r\n\r\np2, ""q""\r\n"\r\n\r\n2,z\r\n', ['p1\r\n\r\np2, "q"\r\n', "z"]),
+        (b'id,text,n\n1,"a\n2,b",3\n2,"x\n",4\n', ["a\n2,b", "x\n"]),
+    ],
+    ids=["address", "text-only", "crlf-paragraphs", "middle-column"],
+)
+def test_quoted_values_holding_line_breaks_are_read(
+    tmp_path: Path, text: bytes, values: list[str]
+) -> None:
+    """A line after the break with the header's number of fields is no evidence alone:
+    its values must also convert to a column that is not text (``2,b`` has 2 fields of
+    3 in the last case)."""
+    table = _read_csv(tmp_path / "a.csv", text)
+    assert table.column(1).to_pylist() == values
+
+
 @pytest.mark.parametrize("columns", [None, ["id"]])
 def test_an_odd_quote_count_alone_does_not_read_the_file_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, columns: list[str] | None
@@ -383,10 +465,10 @@ def test_an_odd_quote_count_alone_does_not_read_the_file_again(
     be in the last row's last value, so only a line break there is worth a look."""
     from chute.sources import files
 
-    def never(data: bytes) -> int | None:
+    def never(*args: object) -> None:
         raise AssertionError("the file was scanned for an open quote")
 
-    monkeypatch.setattr(files, "_open_quote", never)
+    monkeypatch.setattr(files, "_quote_trouble", never)
     path = tmp_path / "a.csv"
     rows = "".join(f'{i},"{i}",x\n' for i in range(1_000))
     path.write_text(f"id,quoted,note\n0,5'11\",x\n{rows}")
