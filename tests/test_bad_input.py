@@ -475,3 +475,42 @@ def test_an_odd_quote_count_alone_does_not_read_the_file_again(
     source = chute.FileSource(str(path))
     table = pa.concat_tables(source.read(u, columns) for u in source.plan())
     assert table.num_rows == 1_001
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad", "said"),
+    [
+        ("b.csv", b"id,d\n1,a\n", b"id,d\n3,c\n4,d,e\n", "Expected 2 columns, got 3: 4,d,e"),
+        ("b.csv", b"id,d\n1,a\n", b"id,d\n3,c\n \n5,f\n", "Expected 2 columns, got 1"),
+        ("b.csv", b"id,d\n1,a\n", b"id,d\n2,caf\xe9\n", "is not UTF-8"),
+        ("b.jsonl", b'{"id":1,"v":"a"}\n', b'{"id":2,"v":"b"}\n{"id":3,"v":"c', "closing quot"),
+        ("b.jsonl", b'{"id":1,"v":"a"}\n', b'{"id":2,"v":"b"}\n[3]\n', "changed from object"),
+    ],
+    ids=["ragged", "whitespace-line", "not-utf8", "json-cut-short", "json-array"],
+)
+def test_a_later_file_that_does_not_parse_is_not_blamed_on_column_types(
+    tmp_path: Path, name: str, good: bytes, bad: bytes, said: str
+) -> None:
+    """Any Arrow error in a file after the first was reported as a column-type problem
+    ("cannot read ... with the column types of a.csv ... Declare the column's type")."""
+    (tmp_path / f"a{Path(name).suffix}").write_bytes(good)
+    (tmp_path / name).write_bytes(bad)
+    source = chute.FileSource(str(tmp_path))
+    source.schema()  # planned from a: its text columns are read as text in b
+    units = source.plan()
+    with pytest.raises(chute.DataError) as info:
+        source.read(units[1], None)
+    assert name in str(info.value)
+    assert said in str(info.value)
+    assert "column types" not in str(info.value)
+    assert "column_types" not in str(info.value)
+
+
+def test_a_later_file_whose_values_do_not_fit_is_still_a_type_problem(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_bytes(b"id,v\n1,K1A\n")
+    (tmp_path / "b.csv").write_bytes(b"id,v\nx,02139\n")
+    source = chute.FileSource(str(tmp_path), column_types={"id": "int64"})
+    source.schema()
+    units = source.plan()
+    with pytest.raises(chute.DataError, match=r"b\.csv.*column types of .*a\.csv.*column_types"):
+        source.read(units[1], None)

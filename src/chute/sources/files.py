@@ -597,6 +597,17 @@ def _quote_error(path: str, data: bytes, opened: int, why: str) -> DataError:
     )
 
 
+def _conversion(exc: pa.ArrowInvalid) -> bool:
+    """Whether Arrow failed to convert a value to its column's type (where a parse error,
+    a ragged row or a JSON line cut short, is no matter of types)."""
+    text = str(exc)
+    return (
+        "CSV conversion error" in text
+        or "Failed to convert JSON" in text
+        or re.search(r"Column\(/[^)]*\) changed from", text) is not None
+    )
+
+
 def _holds_text(t: pa.DataType) -> bool:
     """Whether a column's values hold text, at any depth (a list of strings, a struct's)."""
     return _text(t) or any(_holds_text(t.field(i).type) for i in range(t.num_fields))
@@ -1083,8 +1094,12 @@ class FileSource:
                 block = min(max(data.size, 1 << 20), WHOLE_BLOCK_MAX)
                 table = self._parse(path, lambda: pa.BufferReader(data), columns, pinned, block)
         except pa.ArrowInvalid as exc:
-            if not pinned:
-                raise
+            if "invalid UTF8" in str(exc):
+                raise DataError(
+                    f"input file {path!r} is not UTF-8 ({exc}). Save the file as UTF-8."
+                ) from exc
+            if not pinned or not _conversion(exc):
+                raise  # the file's own fault (a ragged row, a JSON line cut short), named
             raise DataError(self._type_error(path, exc)) from exc
         _check_names(table.schema, path)
         if columns is not None:
