@@ -77,6 +77,23 @@ def test_a_later_file_whose_values_do_not_fit_the_first_files_types_names_column
     assert got.column("zip").to_pylist() == ["02139", "00501", "K1A0B1"]
 
 
+def test_integers_too_big_for_int64_in_a_later_file_are_told_to_be_read_as_text(
+    tmp_path: Path,
+) -> None:
+    """The fix named was column_types: {v: double}, which rounds 9007199254740993 to
+    9007199254740992.0: the values are integers, so text is the type that keeps them."""
+    data = tmp_path / "data"
+    _write(data / "a.csv", "id,v\n1,9007199254740993\n")
+    _write(data / "b.csv", "id,v\n2,18446744073709551616\n")
+    with pytest.raises(DataError, match=r"'v' is int64 .* double in .*b\.csv.*\{v: string\}"):
+        _run(chute.FileSource(str(data)), tmp_path)
+    got = _run(chute.FileSource(str(data), column_types={"v": "string"}), tmp_path / "text")
+    assert got.column("v").to_pylist() == ["9007199254740993", "18446744073709551616"]
+    _write(data / "b.csv", "id,v\n2,1.5\n")  # a fraction: double is still the fix named
+    with pytest.raises(DataError, match=r"'v' is int64 .* double in .*b\.csv.*\{v: double\}"):
+        _run(chute.FileSource(str(data)), tmp_path / "fraction")
+
+
 def test_column_types_from_a_job_file_and_their_mistakes(tmp_path: Path) -> None:
     _write(tmp_path / "data" / "a.csv", "id,zip\n1,02139\n")
     job = tmp_path / "job.yaml"

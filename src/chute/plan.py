@@ -273,18 +273,19 @@ class Reader:
                 try:
                     column = cast_exactly(column, want.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise DataError(_drift(want, column.type, self.reference, here, exc)) from exc
+                    raise DataError(_drift(want, column, self.reference, here, exc)) from exc
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
 
 
 def _drift(
-    want: pa.Field, got: pa.DataType, reference: str | None, here: str, exc: Exception
+    want: pa.Field, column: pa.ChunkedArray, reference: str | None, here: str, exc: Exception
 ) -> str:
     """Schema drift of one column, with the fixes."""
+    got = column.type
     if pa.types.is_dictionary(want.type):  # text read as a dictionary: named as the text
         want = want.with_type(want.type.value_type)
-    declare = _declare(want, got)
+    declare = _declare(want, got, _whole(column))
     if pa.types.is_null(want.type):
         return (
             f"schema drift: column {want.name!r} has no values in {reference} (nor in the "
@@ -298,17 +299,30 @@ def _drift(
     )
 
 
-def _declare(want: pa.Field, got: pa.DataType) -> str:
+def _whole(column: pa.ChunkedArray) -> bool:
+    """Whether a float column holds whole numbers only: integers too big for int64, which
+    Arrow read as floats (rounded past 2**53)."""
+    if not pa.types.is_floating(column.type):
+        return False
+    values = column.to_numpy(zero_copy_only=False)
+    values = values[np.isfinite(values)]
+    return bool(np.all(values == np.floor(values)))
+
+
+def _declare(want: pa.Field, got: pa.DataType, whole: bool = False) -> str:
     """How to give a drifting column one type for every file: the later file's where a job
     file can name both files' types, else text (a time with a zone beside one without:
-    Arrow reads neither as the other), or in Python for a nested type (a job file names
-    none)."""
+    Arrow reads neither as the other; integers too big for int64, which a float would
+    round: 9007199254740993 as 9007199254740992.0), or in Python for a nested type (a job
+    file names none)."""
     if pa.types.is_nested(got):
         return (
             "declare its type for every file (JSON Lines, in Python: FileSource(..., "
             f"column_types={{{want.name!r}: <a pyarrow type>}}))"
         )
     named = got if _named(got) and (_named(want.type) or pa.types.is_null(want.type)) else "string"
+    if whole and (pa.types.is_integer(want.type) or pa.types.is_null(want.type)):
+        named = "string"
     return (
         f"declare its type for every file (CSV and JSON Lines: input: column_types: "
         f"{{{want.name}: {named}}})"
