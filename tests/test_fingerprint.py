@@ -600,7 +600,7 @@ print(fn_state(pipe.predict), fn_state(net))
             check=True,
             env={**os.environ, "PYTHONHASHSEED": seed},
         ).stdout
-        for seed in ("1", "2", "3")
+        for seed in ("1", "2")
     }
     assert len(seen) == 1 and "CountVectorizer" in (text := seen.pop()) and "0.weight" in text
 
