@@ -360,7 +360,13 @@ def test_a_set_argument_is_described_the_same_in_every_process() -> None:
         "from chute.job.fingerprint import _short_repr; "
         "print(_short_repr({'label_%d' % i for i in range(30)}), _short_repr({'b', 'a'}))"
     )
-    seen = {
+    seen = _printed_under_hash_seeds(script, ("1", "2", "3"))
+    assert len(seen) == 1 and "{'a', 'b'}" in seen.pop()
+
+
+def _printed_under_hash_seeds(script: str, seeds: tuple[str, ...]) -> set[str]:
+    """What ``script`` prints in a process of each ``PYTHONHASHSEED``."""
+    return {
         subprocess.run(
             [sys.executable, "-c", script],
             capture_output=True,
@@ -368,9 +374,8 @@ def test_a_set_argument_is_described_the_same_in_every_process() -> None:
             check=True,
             env={**os.environ, "PYTHONHASHSEED": seed},
         ).stdout
-        for seed in ("1", "2", "3")
+        for seed in seeds
     }
-    assert len(seen) == 1 and "{'a', 'b'}" in seen.pop()
 
 
 def test_an_output_an_earlier_chute_began_with_a_long_argument_says_why_it_is_refused() -> None:
@@ -592,16 +597,7 @@ torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
 print(fn_state(pipe.predict), fn_state(net))
 """
-    seen = {
-        subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout
-        for seed in ("1", "2")
-    }
+    seen = _printed_under_hash_seeds(script, ("1", "2"))
     assert len(seen) == 1 and "CountVectorizer" in (text := seen.pop()) and "0.weight" in text
 
 
