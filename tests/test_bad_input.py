@@ -514,3 +514,82 @@ def test_a_later_file_whose_values_do_not_fit_is_still_a_type_problem(tmp_path: 
     units = source.plan()
     with pytest.raises(chute.DataError, match=r"b\.csv.*column types of .*a\.csv.*column_types"):
         source.read(units[1], None)
+
+
+BIG_IDS = [18446744073709551615, 18446744073709551614, 12345678901234567890]
+"""Whole numbers too large for int64, two of them one apart: as float64, one value."""
+
+
+def _big_ids(path: Path, ids: list[int]) -> None:
+    if path.suffix == ".csv":
+        path.write_text("id,x\n" + "".join(f"{i},{n}\n" for n, i in enumerate(ids)))
+    else:
+        path.write_text("".join(f'{{"id": {i}, "x": {n}}}\n' for n, i in enumerate(ids)))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+@pytest.mark.timeout(180)
+def test_whole_numbers_too_large_for_int64_are_refused_not_rounded(
+    tmp_path: Path, engine: str, suffix: str
+) -> None:
+    """Arrow reads a column of them as float64: the job finished complete with the ids
+    18446744073709551615 and ...614 written as one value, 18446744073709551616."""
+    path = tmp_path / f"a{suffix}"
+    _big_ids(path, BIG_IDS)
+
+    def job(out: str, **options: Any) -> chute.Job:
+        model = chute.Model("m", lambda b: np.asarray(b["x"]) * 2, inputs=("x",))
+        return chute.Job(
+            source=chute.FileSource(str(path), **options),
+            models=(model,),
+            carryover=("id",),
+            output=chute.Sink(str(tmp_path / out)),
+            engine=engine,
+        )
+
+    with pytest.raises(chute.DataError) as info:
+        job("o1").run()
+    said = str(info.value)
+    assert f"a{suffix}" in said and "column 'id'" in said and "too large for int64" in said
+    assert "18446744073709551615 would be written as 18446744073709551616" in said
+    assert "column_types: {id: uint64}" in said
+    assert not (tmp_path / "o1" / "_SUCCESS").exists()
+    # the fix the message names reads every digit
+    job("o2", column_types={"id": "uint64"}).run()
+    assert pq.read_table(tmp_path / "o2").column("id").to_pylist() == BIG_IDS
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_negative_whole_numbers_beyond_int64_name_text_as_the_fix(
+    tmp_path: Path, suffix: str
+) -> None:
+    path = tmp_path / f"a{suffix}"
+    _big_ids(path, [-18446744073709551615, 1])
+    with pytest.raises(chute.DataError, match="too large for int64") as info:
+        chute.FileSource(str(path)).schema()  # at planning: before anything is written
+    fix = "column_types: {id: string}" if suffix == ".csv" else "as JSON strings"
+    assert fix in str(info.value)
+    if suffix == ".csv":
+        source = chute.FileSource(str(path), column_types={"id": "string"})
+        table = pa.concat_tables(source.read(u, None) for u in source.plan())
+        assert table.column("id").to_pylist() == ["-18446744073709551615", "1"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["1e20", "2.5"],  # floats, one of them whole
+        ["100000000000000000000.0", "3.0"],  # written with a point: the file says float
+        ["9007199254740993.5", "1"],  # not whole
+        ["18446744073709551616", "1"],  # 2**64: beyond int64, and exact as float64
+    ],
+)
+def test_large_floats_and_exact_whole_numbers_are_read_as_floats(
+    tmp_path: Path, values: list[str]
+) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("id,v\n" + "".join(f"{i},{v}\n" for i, v in enumerate(values)))
+    source = chute.FileSource(str(path))
+    table = pa.concat_tables(source.read(u, None) for u in source.plan())
+    assert table.column("v").type == pa.float64()
+    assert table.column("v").to_pylist() == [float(v) for v in values]

@@ -11,9 +11,11 @@ import contextlib
 import datetime
 import difflib
 import errno
+import json
+import math
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -629,6 +631,70 @@ def _check_utf8(table: pa.Table, path: str) -> None:
             ) from exc
 
 
+def _rounded(table: pa.Table, declared: Collection[str]) -> list[str]:
+    """The float64 columns (inferred, not declared) whose values are all whole and some of
+    them 2**53 or more in size: where Arrow, finding whole numbers too large for int64 in a
+    column, read it as floats. A cheap look at the values; :func:`_check_rounded` then
+    reads the column's text."""
+    suspects = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if name in declared or not pa.types.is_float64(column.type):
+            continue
+        largest = pc.max(pc.abs(column)).as_py()
+        if largest is None or not math.isfinite(largest) or largest < 2**53:
+            continue
+        if pc.all(pc.equal(column, pc.floor(column))).as_py():
+            suspects.append(name)
+    return suspects
+
+
+def _check_rounded(path: str, fmt: str, name: str, opened: Callable[[], Any]) -> None:
+    """Refuse a column of whole numbers that float64 cannot hold: two ids that differ in
+    their last digits would be written as one value (``18446744073709551615`` as
+    ``18446744073709551616``), and the run would finish with every row altered."""
+    for text in _whole_number_texts(fmt, name, opened):
+        if int(text) == int(float(text)):
+            continue
+        fits = 0 <= int(text) < 2**64
+        if fmt == "csv":
+            fix = f"column_types: {{{name}: {'uint64' if fits else 'string'}}}"
+        elif fits:
+            fix = f"column_types: {{{name}: uint64}}"
+        else:
+            fix = 'write them as JSON strings ("1234...") and column_types: {' + name + ": string}"
+        raise DataError(
+            f"input file {path!r}: column {name!r} holds whole numbers too large for int64 "
+            f"(such as {text.strip()}), which Arrow reads as float64, rounding them "
+            f"({text.strip()} would be written as {int(float(text))}). Declare the column's "
+            f"type for every file: input: {fix}."
+        )
+
+
+def _whole_number_texts(fmt: str, name: str, opened: Callable[[], Any]) -> Iterator[str]:
+    """The texts of column ``name``'s whole numbers of 16 digits or more, as the file
+    writes them."""
+    if fmt == "csv":
+        with opened() as stream:
+            column = pacsv.read_csv(
+                stream,
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=[name], column_types={name: pa.string()}
+                ),
+            ).column(0)
+        yield from pc.filter(column, pc.match_substring_regex(column, _LONG_WHOLE)).to_pylist()
+        return
+    with opened() as stream:
+        data = stream.read()
+    key = json.dumps(name).encode()
+    pattern = re.escape(key) + rb"\s*:\s*(-?[0-9]{16,})(?=\s*[,}])"
+    for found in re.finditer(pattern, data):
+        yield found.group(1).decode()
+
+
+_LONG_WHOLE = r"^\s*[+-]?[0-9]{16,}\s*$"
+
+
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
 """A CSV or JSON Lines file named with one of these is read through Arrow's codec
 (``trips.csv.gz``); Parquet compresses its pages itself."""
@@ -1106,6 +1172,8 @@ class FileSource:
             table = table.select([c for c in columns if c in table.column_names])
         if self.format == "jsonl":
             _check_utf8(table, path)
+        for name in _rounded(table, self.column_types):
+            _check_rounded(path, self.format or "csv", name, self._opener(path, listed))
         return table
 
     def _opener(self, path: str, listed: int | None) -> Callable[[], Any]:
