@@ -593,3 +593,38 @@ def test_large_floats_and_exact_whole_numbers_are_read_as_floats(
     table = pa.concat_tables(source.read(u, None) for u in source.plan())
     assert table.column("v").type == pa.float64()
     assert table.column("v").to_pylist() == [float(v) for v in values]
+
+
+@pytest.mark.timeout(180)
+def test_a_csv_column_that_is_not_utf8_in_the_first_file_is_refused_not_bytes(
+    tmp_path: Path, engine: str
+) -> None:
+    """Arrow infers such a column as binary: every file's values of it, the UTF-8 ones
+    too, were written as bytes, and the run finished complete."""
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.csv").write_bytes(b"id,name,x\n1,tea,1\n2,caf\xe9,2\n")
+    (root / "b.csv").write_bytes(b"id,name,x\n3,caf\xc3\xa9,3\n")
+
+    def job(out: str, policy: str = "fail", **options: Any) -> chute.Job:
+        model = chute.Model("m", lambda b: np.asarray(b["x"]) * 2, inputs=("x",))
+        return chute.Job(
+            source=chute.FileSource(str(root), **options),
+            models=(model,),
+            carryover=("id", "name"),
+            output=chute.Sink(str(tmp_path / out)),
+            engine=engine,
+            on_bad_input=policy,  # type: ignore[arg-type]
+        )
+
+    with pytest.raises(chute.DataError) as info:
+        job("o1").run()
+    said = str(info.value)
+    assert "a.csv' is not UTF-8: column 'name'" in said and "row 2: b'caf\\xe9'" in said
+    assert "column_types: {name: binary}" in said
+    skipped = job("o2", "skip").run()
+    assert pq.read_table(tmp_path / "o2").to_pydict() == {"id": [3], "name": ["café"], "m": [6]}
+    assert [b["unit"].rsplit("/", 1)[1] for b in skipped.units_bad] == ["a.csv"]
+    job("o3", column_types={"name": "binary"}).run()  # the bytes, as the message offers
+    kept = pq.read_table(tmp_path / "o3").sort_by("id")
+    assert kept.column("name").to_pylist() == [b"tea", b"caf\xe9", "café".encode()]

@@ -631,6 +631,30 @@ def _check_utf8(table: pa.Table, path: str) -> None:
             ) from exc
 
 
+def _check_csv_text(table: pa.Table, path: str, declared: Collection[str]) -> None:
+    """A CSV column Arrow inferred as ``binary``: its text does not decode as UTF-8 (the
+    only reason Arrow's inference gives that type). Written as bytes, every file's values
+    of it would be bytes, the UTF-8 ones too: refused, unless declared so."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if name in declared or not pa.types.is_binary(column.type):
+            continue
+        row, value = next((i, v) for i, v in enumerate(column.to_pylist()) if not _decodes(v))
+        raise DataError(
+            f"input file {path!r} is not UTF-8: column {name!r} holds text that does not "
+            f"decode (its row {row + 1}: {value!r}), which would be read as bytes. Save the "
+            f"file as UTF-8, or declare column_types: {{{name}: binary}} to keep the bytes."
+        )
+
+
+def _decodes(value: bytes | None) -> bool:
+    if value is not None:
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return True
+
+
 def _rounded(table: pa.Table, declared: Collection[str]) -> list[str]:
     """The float64 columns (inferred, not declared) whose values are all whole and some of
     them 2**53 or more in size: where Arrow, finding whole numbers too large for int64 in a
@@ -1172,6 +1196,8 @@ class FileSource:
             table = table.select([c for c in columns if c in table.column_names])
         if self.format == "jsonl":
             _check_utf8(table, path)
+        else:
+            _check_csv_text(table, path, self.column_types)
         for name in _rounded(table, self.column_types):
             _check_rounded(path, self.format or "csv", name, self._opener(path, listed))
         return table
