@@ -38,6 +38,12 @@ class Endpoint(ThreadingHTTPServer):
         self.pages: dict[str, list[bytes]] = {}
         """Bodies to send with a 200, instead of an answer, for the first calls of a prompt."""
         self.calls: list[tuple[str, float, dict[str, str]]] = []
+        self.missing: set[str] = set()
+        """Paths answered 404, as FastAPI answers a route it lacks."""
+        self.choices: dict[str, list[str]] = {}
+        """The completions to answer a prompt with (``n > 1``), instead of its echo."""
+        self.trickle: dict[str, float] = {}
+        """Seconds between the bytes of a prompt's first answer."""
         self.lock = threading.Lock()
 
     @property
@@ -53,21 +59,29 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = str(body["prompt"])
+        prompt = str(body.get("prompt", body.get("input")))
+        usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
         with self.server.lock:
             self.server.calls.append((prompt, time.monotonic(), dict(self.headers)))
             plan = self.server.plan.get(prompt) or []
             status, headers, delay = plan.pop(0) if plan else (200, {}, 0.0)
             pages = self.server.pages.get(prompt) or []
             page = pages.pop(0) if pages and status == 200 else None
+            trickle = self.server.trickle.pop(prompt, 0.0)
         time.sleep(delay)
-        if status == 200:
-            reply: dict[str, Any] = {
-                "choices": [{"index": 0, "text": f"echo {prompt}", "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-            }
-        else:
+        reply: dict[str, Any]
+        if self.path in self.server.missing:
+            status, reply = 404, {"detail": "Not Found"}
+        elif status != 200:
             reply = {"error": {"message": f"refused {prompt}", "type": "x", "code": status}}
+        elif self.path.endswith("/embeddings"):
+            reply = {"data": [{"index": 0, "embedding": [0.5, 0.25]}], "usage": usage}
+        else:
+            texts = self.server.choices.get(prompt) or [f"echo {prompt}"]
+            choices = [
+                {"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)
+            ]
+            reply = {"choices": choices, "usage": usage}
         data = json.dumps(reply).encode() if page is None else page
         try:
             self.send_response(status)
@@ -76,7 +90,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            step = 8 if trickle else len(data)  # a slow server: a few bytes at a time
+            for i in range(0, len(data), step):
+                self.wfile.write(data[i : i + step])
+                self.wfile.flush()
+                time.sleep(trickle)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
             pass
 
@@ -248,3 +266,131 @@ def test_openai_batch_lines_answer_their_own_requests(endpoint: Endpoint, tmp_pa
     run(("custom_id", "url", "body"), "o2")
     answered = [json.loads(x) for p in sorted((tmp_path / "o2").glob("part-*")) for x in p.open()]
     assert sorted(a["custom_id"] for a in answered) == ["r0", "r1", "r2", "r3"]
+
+
+def _batch_file(path: Path, requests: list[tuple[str, str, dict[str, Any]]]) -> Path:
+    """An OpenAI Batch input of (custom_id, url, body) requests."""
+    lines = [{"custom_id": c, "method": "POST", "url": u, "body": b} for c, u, b in requests]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _batch_job(endpoint: Endpoint, requests: Path, out: Path, **options: Any) -> chute.Job:
+    from chute.sources.openai_batch import OpenAIBatchSource
+
+    spec = adapter("openai", base_url=endpoint.url, model="tiny", backoff=0.01, **options)
+    return chute.Job(
+        source=OpenAIBatchSource(str(requests)),
+        models=(Model("gen", spec, inputs=("custom_id", "url", "body")),),
+        output=chute.Sink(str(out), "openai-batch"),
+        engine="local",
+    )
+
+
+def _answers(out: Path) -> dict[str, dict[str, Any]]:
+    lines = [json.loads(x) for p in sorted(out.glob("part-*")) for x in p.open()]
+    return {line["custom_id"]: line for line in lines}
+
+
+@pytest.mark.timeout(120)
+def test_line_separators_in_a_reply_or_an_id_are_escaped_not_a_run_that_never_ends(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """U+2028 and U+2029 are line breaks to ``str.splitlines``: written raw, the answer was
+    refused as two lines at every run (exit 4), its request paid for each time."""
+    requests = _batch_file(
+        tmp_path / "in.jsonl",
+        [
+            ("a\u2029b", "/v1/completions", {"prompt": "x\u2028y"}),
+            ("c", "/v1/completions", {"prompt": "z"}),
+        ],
+    )
+    _batch_job(endpoint, requests, tmp_path / "out").run()
+    raw = b"".join(p.read_bytes() for p in sorted((tmp_path / "out").glob("part-*")))
+    assert "\u2028".encode() not in raw and b"\\u2028" in raw and b"\\u2029" in raw
+    assert len(raw.decode().splitlines()) == 2
+    answers = _answers(tmp_path / "out")
+    text = answers["a\u2029b"]["response"]["body"]["choices"][0]["text"]
+    assert text == "echo x\u2028y"
+
+
+@pytest.mark.timeout(120)
+def test_a_path_the_server_does_not_serve_is_that_requests_error_once_another_answers(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """A file of chat or completions requests with one ``/v1/embeddings`` request, sent to
+    a server that only generates: its 404 stopped the whole batch at every run."""
+    endpoint.missing.add("/v1/embeddings")
+    mixed = [(f"r{i}", "/v1/completions", {"prompt": f"p{i}"}) for i in range(5)]
+    mixed.insert(2, ("e", "/v1/embeddings", {"input": "q"}))
+    _batch_job(endpoint, _batch_file(tmp_path / "in.jsonl", mixed), tmp_path / "out").run()
+    answers = _answers(tmp_path / "out")
+    assert sorted(answers) == ["e", "r0", "r1", "r2", "r3", "r4"]
+    assert answers["e"]["response"]["status_code"] == 404
+    assert "does not serve that path" in answers["e"]["error"]["message"]
+    assert "Not Found" in answers["e"]["error"]["message"]  # FastAPI's own detail
+    assert all(answers[f"r{i}"]["error"] is None for i in range(5))
+    # where no other path answers (a wrong base URL), the job stops, as before
+    alone = _batch_file(tmp_path / "alone.jsonl", [("e", "/v1/embeddings", {"input": "q"})])
+    with pytest.raises(ModelError, match=r"answered 404 \(Not Found\).*Check the API key"):
+        _batch_job(endpoint, alone, tmp_path / "out2").run()
+    assert not list((tmp_path / "out2").glob("part-*"))
+
+
+@pytest.mark.timeout(120)
+def test_timeout_bounds_the_whole_answer_of_a_server_that_sends_bytes_slowly(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """The client's timeout bounds each wait for bytes: a server sending a few bytes every
+    0.2 s held a request with ``timeout: 1`` for as long as its answer took to arrive."""
+    endpoint.trickle["p2"] = 0.2  # about 150 bytes: 4 s, once
+    report = job(endpoint, tmp_path / "out", timeout=1.0, backoff=0.01).run()
+    assert report.stages["gen"].counters["retries"] == 1
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
+
+
+@pytest.mark.timeout(120)
+def test_a_200_of_another_shape_is_tried_again_not_a_crash(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """``usage`` as a list stopped the job with AttributeError, blaming the model, after
+    halving the batch and sending the other requests again."""
+    endpoint.pages["p2"] = [
+        b'{"choices": [{"index": 0, "text": "x"}], "usage": [1, 2]}',
+        b'{"choices": ["x"], "usage": {}}',
+        b'{"choices": [{"message": "x"}]}',
+    ]
+    report = job(endpoint, tmp_path / "out").run()
+    assert report.stages["gen"].counters["retries"] == 3
+    assert sum(1 for prompt, *_ in endpoint.calls if prompt != "p2") == 5  # each once
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert table.column("gen_text").to_pylist() == [f"echo p{i}" for i in range(6)]
+
+
+@pytest.mark.timeout(120)
+def test_every_completion_must_hold_the_structure_asked_for(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """With ``n: 2`` only the first completion was parsed: a second one cut in the middle
+    of its JSON was written as an answer (status 200)."""
+    endpoint.choices["p1"] = ['{"a": 1}', '{"a": ']
+    endpoint.choices["p4"] = ['{"a": 2}', '{"a": 3}']
+    structure = {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+    job(endpoint, tmp_path / "out", n=2, structured=structure).run()
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    errors = table.column("gen_error").to_pylist()
+    assert errors[1] is not None and errors[1].startswith("completion 1: ")
+    assert errors[4] is None and table.column("gen_value").to_pylist()[4] == {"a": 2}
+
+
+def test_run_batch_refuses_an_output_that_is_its_input(tmp_path: Path) -> None:
+    """The answers, put in place at the end, replaced the requests file without a word."""
+    from chute.runbatch import BatchRun, run_batch
+
+    requests = _batch_file(tmp_path / "in.jsonl", [("a", "/v1/completions", {"prompt": "x"})])
+    before = requests.read_bytes()
+    for output in (str(requests), f"{tmp_path}/./in.jsonl"):
+        with pytest.raises(ConfigError, match=r"is the input file .*another file"):
+            run_batch(BatchRun(str(requests), output, model=str(tmp_path), options={}))
+    assert requests.read_bytes() == before

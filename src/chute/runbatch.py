@@ -26,14 +26,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from chute.api import Job
-from chute.errors import JobStateError
+from chute.errors import ConfigError, JobStateError
 from chute.job import BatchSize, Model, Sink
 from chute.ledger import PART_NAME
 from chute.models import adapter
 from chute.models.llm.requests import EMBEDDINGS
 from chute.report import Report
-from chute.sources.openai_batch import REQUESTS_PER_UNIT, OpenAIBatchSource
-from chute.storage import put, resolve
+from chute.sources.openai_batch import REQUESTS_PER_UNIT, OpenAIBatchSource, input_files
+from chute.storage import is_local, put, resolve
 
 MODEL = "llm"
 """The model's name in the job (its columns are ``llm_text``, ``llm_line``, ...)."""
@@ -104,12 +104,34 @@ def from_flags(
 
 def run_batch(batch: BatchRun, progress: bool = True, overwrite: bool = False) -> Report:
     """Run the batch (resuming what an earlier run committed); assemble a single file."""
+    _check_output(batch)
     job = batch.job()
     report = job.run(progress=progress, overwrite=overwrite)
     if batch.single_file:
         assert isinstance(job.source, OpenAIBatchSource)
         assemble(batch.parts, batch.output, job.source.table.num_rows)
     return report
+
+
+def _check_output(batch: BatchRun) -> None:
+    """Refuse an output file that is one of the input files: the answers, put in place at
+    the end, would replace the requests."""
+    if not batch.single_file:
+        return
+    out_fs, out = resolve(batch.output)
+    for path in input_files([batch.input]):
+        fs, where = resolve(path)
+        if fs.type_name == out_fs.type_name and _same_file(where, out, fs):
+            raise ConfigError(
+                f"run-batch: the output {batch.output!r} is the input file {path!r}: its "
+                "requests would be replaced by the answers. Write the answers to another file."
+            )
+
+
+def _same_file(a: str, b: str, fs: pafs.FileSystem) -> bool:
+    if is_local(fs):
+        return os.path.realpath(a) == os.path.realpath(b)
+    return a == b
 
 
 COPY_CHUNK = 8 * 1024 * 1024

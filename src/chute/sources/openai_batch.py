@@ -39,7 +39,7 @@ class OpenAIBatchSource(TableSource):
         unit_rows: int = REQUESTS_PER_UNIT,
     ) -> None:
         self.paths = [paths] if isinstance(paths, str) else list(paths)
-        files = [(path, read_requests(path, storage)) for path in _files(self.paths, storage)]
+        files = [(path, read_requests(path, storage)) for path in input_files(self.paths, storage)]
         check_unique(files)
         rows = [row for _, requests in files for row in requests]
         table = pa.table(
@@ -66,7 +66,7 @@ Request = tuple[str, str | None, str | None, int]
 """``(custom_id, url, body as JSON text, line number)``."""
 
 
-def _files(paths: Sequence[str], storage: StorageOptions | None) -> list[str]:
+def input_files(paths: Sequence[str], storage: StorageOptions | None = None) -> list[str]:
     """The files the paths name: a file as it is; a folder's or a glob's files, listed as
     any input is (sorted, hidden ones left out)."""
     from chute.sources.files import FileSource, has_glob  # a source beside this one

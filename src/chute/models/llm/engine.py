@@ -20,7 +20,7 @@ import pyarrow as pa
 from chute.errors import ConfigError, ModelError
 from chute.models.base import ReplicaContext
 from chute.models.llm.requests import CHAT, EMBEDDINGS, Request
-from chute.models.llm.responses import BAD_REQUEST, UNPARSED, Outcome, line
+from chute.models.llm.responses import BAD_REQUEST, Outcome, line, parse_replies
 from chute.models.llm.sampling import engine_options, request_seed
 from chute.models.llm.structured import Structured
 from chute.models.sbert import offline_hub
@@ -291,13 +291,8 @@ def _fill(outcome: Outcome, result: Any, structure: Structured | None) -> None:
             float(step[token].logprob)
             for token, step in zip(first.token_ids, first.logprobs, strict=False)
         ]
-    if structure is None:
-        return
-    try:
-        outcome.value = structure.parse(first.text)
-    except ValueError as exc:
-        cut = " (cut at max_tokens)" if first.finish_reason == "length" else ""
-        outcome.fail(f"{exc}{cut}", UNPARSED, "unparsed")
+    if structure is not None:
+        parse_replies(outcome, structure)
 
 
 def columns(

@@ -13,9 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chute.models.llm.requests import CHAT, EMBEDDINGS, Request
+
+if TYPE_CHECKING:
+    from chute.models.llm.structured import Structured
 
 BAD_REQUEST = 400
 UNPARSED = 422
@@ -46,6 +49,23 @@ class Outcome:
     @property
     def finish_reason(self) -> str | None:
         return self.finish_reasons[0] if self.finish_reasons else None
+
+
+def parse_replies(outcome: Outcome, structure: Structured) -> None:
+    """The reply parsed into the structure asked for: its value, the first completion's;
+    a completion that does not hold the structure (``n > 1``: any of them) fails the
+    request (422), naming which."""
+    for i, text in enumerate(outcome.texts):
+        try:
+            value = structure.parse(text)
+        except ValueError as exc:
+            reasons = outcome.finish_reasons
+            cut = " (cut at max_tokens)" if i < len(reasons) and reasons[i] == "length" else ""
+            which = f"completion {i}: " if len(outcome.texts) > 1 else ""
+            outcome.fail(f"{which}{exc}{cut}", UNPARSED, "unparsed")
+            return
+        if i == 0:
+            outcome.value = value
 
 
 def short_id(*parts: str) -> str:
@@ -101,7 +121,7 @@ def line(request: Request, outcome: Outcome, model: str) -> str:
             response_body = {**body(request, outcome, model), **response_body}
     else:
         response_body = body(request, outcome, model)
-    return json.dumps(
+    return one_line(
         {
             "id": f"batch_req_{short_id('line', custom_id)}",
             "custom_id": custom_id,
@@ -111,9 +131,16 @@ def line(request: Request, outcome: Outcome, model: str) -> str:
                 "body": response_body,
             },
             "error": error,
-        },
-        ensure_ascii=False,
+        }
     )
+
+
+def one_line(value: Any) -> str:
+    """``value`` as JSON on one line for every reader: U+2028 and U+2029, which JSON
+    allows raw in a string but ``str.splitlines`` (and JavaScript) take for line breaks,
+    escaped (a reply holding one was refused as two lines, at every run again)."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def counters(outcomes: list[Outcome]) -> dict[str, float]:

@@ -6,7 +6,7 @@
       model: qwen2-0.5b                    # the served model's name
       api_key_env: MY_API_KEY              # the key's environment variable, never the key
       concurrency: 16                      # requests in flight per replica
-      timeout: 60                          # seconds per request
+      timeout: 60                          # seconds for a request's whole answer
       max_retries: 8
       backoff: 0.5                         # seconds, doubling per try (with jitter) ...
       backoff_max: 30                      # ... up to this
@@ -33,6 +33,7 @@ import random
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -43,7 +44,7 @@ from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import rename, renamed
 from chute.models.llm.engine import columns
 from chute.models.llm.requests import CHAT, EMBEDDINGS, Request, requests_of
-from chute.models.llm.responses import BAD_REQUEST, UNPARSED, Outcome, counters
+from chute.models.llm.responses import BAD_REQUEST, Outcome, counters, parse_replies
 from chute.models.llm.sampling import SAMPLING, request_seed, sampling_options
 from chute.models.llm.structured import Structured, structured
 
@@ -71,11 +72,23 @@ RETRIED = frozenset({408, 409, 429})
 REFUSED = frozenset({401, 403, 404, 405, 407})
 """Statuses no request gets past (a wrong key, base URL or model name), like any redirect:
 the job stops, never an error line for every request that a resume would keep."""
+NOT_SERVED = frozenset({404, 405})
+"""Of those, the ones a server gives for a path it does not serve (``/v1/embeddings`` on a
+server that only generates): once another path of it has answered, that request's error
+(a file that mixes endpoints), not a reason to stop."""
 BACKOFF_MAX = 30.0
 
 
 class ServerDown(ModelError):
     """A request that kept failing with retriable errors: the job stops (and resumes)."""
+
+
+class Refused(ServerDown):
+    """A status no request gets past, for one path of the server."""
+
+    def __init__(self, message: str, path: str, status: int, reply: Any) -> None:
+        super().__init__(message)
+        self.path, self.status, self.reply = path, status, reply
 
 
 class OpenAIAdapter(Adapter):
@@ -109,12 +122,15 @@ class OpenAIAdapter(Adapter):
         if options.get("api_key_env"):
             headers["Authorization"] = f"Bearer {os.environ[options['api_key_env']]}"
         limits = httpx.Limits(max_connections=self.concurrency)
+        self.timeout = float(options.get("timeout", 60))
         self.client = httpx.Client(
             base_url=str(options["base_url"]).rstrip("/") + "/",
             headers=headers,
-            timeout=float(options.get("timeout", 60)),
+            timeout=self.timeout,  # each wait for bytes; the whole answer's: _answer
             limits=limits,
         )
+        self.answered: set[str] = set()
+        """The paths of the server that have answered (a 200 with an answer)."""
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="chute-openai")
         self.counted: dict[str, float] = {}
 
@@ -175,7 +191,11 @@ class OpenAIAdapter(Adapter):
 
     def __call__(self, batch: pa.Table) -> Mapping[str, Any]:
         requests = requests_of(batch, self.chat, self.system, self.id_column)
-        outcomes = list(self.pool.map(self._serve, requests))
+        refusals: list[Refused] = []
+        outcomes = list(self.pool.map(partial(self._serve, refusals=refusals), requests))
+        for refusal in refusals:  # a path not served, where no other path has answered:
+            if refusal.status not in NOT_SERVED or not self.answered - {refusal.path}:
+                raise refusal  # a wrong key, base URL or model name
         for name, value in counters(outcomes).items():
             self.counted[name] = self.counted.get(name, 0.0) + value
         n = int(self.sampling.get("n", 1) or 1)
@@ -184,12 +204,23 @@ class OpenAIAdapter(Adapter):
             out["embedding"] = pa.array([o.embedding for o in outcomes], pa.list_(pa.float32()))
         return rename(out, self.renames)
 
-    def _serve(self, request: Request) -> Outcome:
+    def _serve(self, request: Request, refusals: list[Refused]) -> Outcome:
         outcome = Outcome(created=int(time.time()))
         if request.error is not None:
             outcome.fail(request.error, BAD_REQUEST, "bad_request")
             return outcome
-        status, reply = self._post(request.endpoint.removeprefix("/v1/"), self._body(request))
+        try:
+            status, reply = self._post(request.endpoint.removeprefix("/v1/"), self._body(request))
+        except Refused as refused:  # decided once the batch's other requests are answered
+            refusals.append(refused)
+            detail = _message(refused.reply) or "no message"
+            outcome.fail(
+                f"the server answered {refused.status} to {refused.path} ({detail}): it does "
+                "not serve that path, though it answers others",
+                refused.status,
+                f"http_{refused.status}",
+            )
+            return outcome
         if status != 200:
             message = _message(reply) or f"the server answered {status}"
             outcome.fail(
@@ -226,18 +257,24 @@ class OpenAIAdapter(Adapter):
         while True:
             wait: float | None = None
             try:
-                response = self.client.post(path, json=body)
-                status, reply = response.status_code, _json(response)
+                response, reply = self._answer(path, body)
+                status = response.status_code
                 if status in REFUSED or 300 <= status < 400:
-                    raise ServerDown(
+                    served = "" if status not in NOT_SERVED else " (or it does not serve this path)"
+                    raise Refused(
                         f"{self.client.base_url}{path} answered {status} "
-                        f"({_message(reply) or 'no message'}): no request gets past that. "
-                        "Check the API key, the base URL and the model name, then run the job "
-                        "again to resume."
+                        f"({_message(reply) or 'no message'}): no request gets past that"
+                        f"{served}. Check the API key, the base URL and the model name, then "
+                        "run the job again to resume.",
+                        path,
+                        status,
+                        reply,
                     )
                 if status == 200 and not _answered(path, reply):  # a proxy's page, say
                     why = f"HTTP 200 without an answer: {json.dumps(reply)[:200]}"
                 elif status not in RETRIED and status < 500:
+                    if status == 200:
+                        self.answered.add(path)
                     return status, reply
                 else:
                     why = f"HTTP {status}: {_message(reply) or ''}".strip()
@@ -253,6 +290,25 @@ class OpenAIAdapter(Adapter):
             self.counted["retries"] = self.counted.get("retries", 0.0) + 1
             time.sleep(backoff(attempt, self.backoff, wait, self.backoff_max))
             attempt += 1
+
+    def _answer(self, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
+        """The response to one POST and its JSON, whole within ``timeout`` seconds: the
+        client's own timeout bounds each wait for bytes, and a server that sends them
+        slowly (a byte a second) would otherwise hold the request, and the job, forever."""
+        import httpx
+
+        deadline = time.monotonic() + self.timeout
+        with self.client.stream("POST", path, json=body) as response:
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"no whole answer within {self.timeout:g} s")
+        data = b"".join(chunks)
+        try:
+            return response, json.loads(data)
+        except ValueError:
+            return response, {"error": {"message": data.decode("utf-8", "replace")[:500]}}
 
     def __del__(self) -> None:
         pool = getattr(self, "pool", None)
@@ -284,22 +340,35 @@ def retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _json(response: Any) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return {"error": {"message": response.text[:500]}}
-
-
 def _answered(path: str, reply: Any) -> bool:
-    """Whether a 200's body is an answer: choices (or an embedding), not an error page."""
-    if not isinstance(reply, Mapping):
+    """Whether a 200's body is an answer of the shape read from it: choices (or an
+    embedding) and usage, not an error page or a body of another shape."""
+    if not isinstance(reply, Mapping) or not isinstance(reply.get("usage") or {}, Mapping):
+        return False
+    usage = reply.get("usage") or {}
+    if not all(_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")):
         return False
     if path == EMBEDDINGS.removeprefix("/v1/"):
         data = reply.get("data")
-        return isinstance(data, list) and bool(data) and isinstance(data[0], Mapping)
+        return (
+            isinstance(data, list)
+            and bool(data)
+            and isinstance(data[0], Mapping)
+            and isinstance(data[0].get("embedding"), list)
+        )
     choices = reply.get("choices")
-    return isinstance(choices, list) and bool(choices)
+    return (
+        isinstance(choices, list)
+        and bool(choices)
+        and all(
+            isinstance(c, Mapping) and isinstance(c.get("message") or {}, Mapping) for c in choices
+        )
+    )
+
+
+def _count(value: Any) -> bool:
+    """Whether a usage count is one (or absent)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _message(reply: Any) -> str | None:
@@ -309,6 +378,8 @@ def _message(reply: Any) -> str | None:
             return str(error.get("message"))
         if "message" in reply:
             return str(reply["message"])
+        if isinstance(reply.get("detail"), str):  # FastAPI's (vllm serve's) own errors
+            return str(reply["detail"])
     return None
 
 
@@ -332,10 +403,5 @@ def _fill(outcome: Outcome, request: Request, reply: Any, structure: Structured 
     ]
     outcome.finish_reasons = [str(c.get("finish_reason")) for c in choices]
     outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
-    if structure is None or not outcome.texts:
-        return
-    try:
-        outcome.value = structure.parse(outcome.texts[0])
-    except ValueError as exc:
-        cut = " (cut at max_tokens)" if outcome.finish_reason == "length" else ""
-        outcome.fail(f"{exc}{cut}", UNPARSED, "unparsed")
+    if structure is not None:
+        parse_replies(outcome, structure)
