@@ -424,6 +424,62 @@ def test_non_contiguous_2d_array_keeps_rows() -> None:
     assert table.column("m").to_pylist() == values.tolist()
 
 
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00"
+
+
+@pytest.mark.parametrize(
+    ("out", "expected"),
+    [
+        ([PNG, b"x\x00", b"\x00"], [PNG, b"x\x00", b"\x00"]),  # a list of bytes, as made
+        (np.array([b"ab\x00cd", b"x", b""]), [b"ab\x00cd", b"x", b""]),  # NumPy's own
+        (["a\x00b", "c\x00", "d"], ["a\x00b", "c\x00", "d"]),
+        ([["a\x00", "b"], ["c", "d"], ["e", "f"]], [["a\x00", "b"], ["c", "d"], ["e", "f"]]),
+    ],
+    ids=["bytes", "numpy-bytes", "text", "text-rows"],
+)
+def test_bytes_and_text_keep_every_byte(out: Any, expected: Any) -> None:
+    """Through NumPy's fixed-width arrays Arrow read each value up to its first NUL: a
+    generated PNG was written as its first 8 bytes, a float32 embedding's bytes as b''."""
+    assert _run(out, 3).column("m").to_pylist() == expected
+
+
+@pytest.mark.parametrize(
+    ("series", "kind", "expected"),
+    [
+        (
+            pd.Series([2**53 + 1, None, 2**63 - 1], dtype="Int64"),
+            pa.int64(),
+            [2**53 + 1, None, 2**63 - 1],
+        ),
+        (pd.Series([2**64 - 1, None, 0], dtype="UInt64"), pa.uint64(), [2**64 - 1, None, 0]),
+        (pd.Series([1.5, None, 2.0], dtype="Float64"), pa.float64(), [1.5, None, 2.0]),
+        (pd.Series([True, None, False], dtype="boolean"), pa.bool_(), [True, None, False]),
+        (pd.Series(["a", None, "c"]), pa.string(), ["a", None, "c"]),
+        (pd.Series(["a", None, "a"], dtype="category"), pa.string(), ["a", None, "a"]),
+        (pd.Series([1.0, float("nan"), 2.0]), pa.float64(), [1.0, "nan", 2.0]),  # NaN: a number
+    ],
+    ids=["Int64", "UInt64", "Float64", "boolean", "str", "category", "float64"],
+)
+@pytest.mark.parametrize("how", ["series", "frame"])
+def test_pandas_outputs_keep_their_values_and_nulls(
+    series: pd.Series, kind: pa.DataType, expected: list[Any], how: str
+) -> None:
+    """Through NumPy an ``Int64`` column with ``<NA>`` became float64 (2**53 + 1 rounded,
+    2**63 - 1 written as 2**63), and text or ``boolean`` with a missing value failed."""
+    out = series if how == "series" else pd.DataFrame({"y": series})
+    column = _run(out, 3).column("m" if how == "series" else "m_y")
+    assert column.type == kind
+    got = ["nan" if isinstance(v, float) and v != v else v for v in column.to_pylist()]
+    assert got == expected
+
+
+def test_a_zoned_pandas_output_keeps_its_nanoseconds() -> None:
+    times = pd.Series(pd.to_datetime(["2020-01-01 00:00:00.000000001", None, None]))
+    column = _run(times.dt.tz_localize("UTC"), 3).column("m")
+    assert column.type == pa.timestamp("ns", tz="UTC")
+    assert column[0].value == 1577836800000000001 and column.null_count == 2
+
+
 def test_masked_values_are_nulls_not_their_fill_data() -> None:
     """``np.asarray`` drops a masked array's mask: the values hidden under it were written
     as if the model had returned them."""
@@ -452,7 +508,7 @@ def test_rows_of_several_lengths_are_a_list_column(out: Any, expected: Any) -> N
     if out == "torch":
         torch = pytest.importorskip("torch")
         out = [torch.arange(i + 1) for i in range(4)]
-    assert _run(out).column("m").to_pylist() == expected
+    assert _run(out, 3).column("m").to_pylist() == expected
 
 
 def test_rows_of_one_length_then_of_several_say_how_to_return_lists() -> None:

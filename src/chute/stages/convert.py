@@ -66,7 +66,7 @@ def to_columns(
     elif isinstance(out, dict):
         items = list(out.items())
     elif type(out).__name__ == "DataFrame":  # by position: a repeated name is one column each
-        items = [(str(c), out.iloc[:, i].to_numpy()) for i, c in enumerate(out.columns)]
+        items = [(str(c), out.iloc[:, i]) for i, c in enumerate(out.columns)]
     else:
         items = [(None, out)]
     columns: dict[str, pa.Array] = {}
@@ -125,6 +125,16 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
         return values
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
+    if type(values).__name__ in ("Series", "Index") and hasattr(values, "dtype"):
+        if isinstance(values.dtype, np.dtype) and values.dtype != object:
+            values = values.to_numpy()  # NumPy's own dtypes: as NumPy (a NaN stays a number)
+        else:  # nullable, Arrow-backed, zoned, categorical, text: through NumPy, Int64 with
+            try:  # <NA> was float64 (2**53 + 1 rounded), a zone's nanoseconds were lost
+                return _plain(pa.array(values, from_pandas=True))
+            except (TypeError, ValueError, pa.ArrowException) as exc:
+                raise ModelError(
+                    f"{who}: cannot turn output {name!r} into a column: {exc}"
+                ) from exc
     if isinstance(values, (list, tuple)) and any(isinstance(v, np.ma.MaskedArray) for v in values):
         values = _masked_rows(values)  # a list of np.ma.masked, or of rows' masked arrays
     if isinstance(values, np.ma.MaskedArray):  # masked values are nulls, not their fill data
@@ -137,12 +147,37 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
                 raise
             return pa.array([v.detach().cpu().numpy() if hasattr(v, "detach") else v
                              for v in values])  # fmt: skip
+        if arr.dtype.kind in "SU" and arr.ndim in (1, 2):
+            return _text(values if isinstance(values, (list, tuple)) else arr.tolist(), arr)
         if arr.ndim == 2:
             flat = pa.array(np.ascontiguousarray(arr).ravel())
             return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
         return pa.array(arr)
     except (TypeError, ValueError, pa.ArrowException) as exc:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+def _plain(array: pa.Array) -> pa.Array:
+    """A pandas column's array with the types its values had through NumPy: pandas' text
+    (Arrow's ``large_string``) as ``string``, a categorical's values, not a dictionary."""
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    if pa.types.is_large_string(array.type):
+        return array.cast(pa.string())
+    if pa.types.is_large_binary(array.type):
+        return array.cast(pa.binary())
+    return array
+
+
+def _text(rows: Any, arr: np.ndarray) -> pa.Array:
+    """Bytes or text from Python's values, not NumPy's fixed-width ones: Arrow reads those
+    up to their first NUL (a PNG's bytes were written as its first 8), and a list made
+    into one loses its values' trailing NULs."""
+    kind = pa.binary() if arr.dtype.kind == "S" else pa.string()
+    if arr.ndim == 1:
+        return pa.array(list(rows), kind)
+    flat = pa.array([value for row in rows for value in row], kind)
+    return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
 
 
 def _masked_rows(values: list[Any] | tuple[Any, ...]) -> Any:
