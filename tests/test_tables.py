@@ -524,6 +524,40 @@ def _create(sink: TableSink, table: pa.Table) -> None:
         lance.write_dataset(table, sink.path)
 
 
+@pytest.mark.timeout(120)
+def test_a_lance_table_takes_the_same_values_in_another_layout(tmp_path: Path) -> None:
+    """``large_string`` (as polars writes text), a dictionary, ``int32`` and a fixed-size
+    list into a dataset's ``string``, ``int64`` and list columns: chute's check let them
+    through, and Lance's append stopped the run after compute as "an I/O error"."""
+    import lance
+
+    source = tmp_path / "in.parquet"
+    tags = pa.array(["a", "b", "a", "c"], pa.large_string())
+    pq.write_table(
+        pa.table({"id": pa.array(range(4), pa.int32()), "tag": tags, "x": [0.5, 1.5, 2.5, 3.5]}),
+        source,
+    )
+    sink = table_sink("lance", tmp_path)
+    mine = pa.table(
+        {
+            "id": pa.array([-1], pa.int64()),
+            "tag": pa.array(["z"], pa.string()),
+            "m_score": [0.0],
+            "m_vec": pa.array([[0.0] * 4], pa.list_(pa.float32())),
+        }
+    )
+    _create(sink, mine)
+    report = job(source, sink).run()
+    assert report.complete
+    table = lance.dataset(sink.path).to_table().sort_by("id")
+    assert table.schema == mine.schema  # the dataset's own types
+    assert table.column("id").to_pylist() == [-1, 0, 1, 2, 3]
+    assert table.column("tag").to_pylist() == ["z", "a", "b", "a", "c"]
+    assert table.column("m_vec").to_pylist()[2] == pytest.approx(
+        [1.5, 3.0, np.sin(1.5), np.cos(1.5)]
+    )
+
+
 # --------------------------------------------------------------------------- one run per table
 
 
@@ -901,6 +935,19 @@ def test_an_empty_string_in_a_delta_partition_column_is_refused(tmp_path: Path) 
     sink = table_sink("delta", tmp_path, partition_by=("s",))
     with pytest.raises(chute.DataError, match="partition column 's' holds an empty string"):
         job(source, sink, carryover=("id", "s")).run()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary()])
+def test_a_binary_delta_partition_column_is_refused(tmp_path: Path, kind: pa.DataType) -> None:
+    """Delta's log holds partition values as text: b'a' was written as the text "b'a'" and
+    read back as b"b'a'", in every row with a value, and the run was complete."""
+    source = tmp_path / "in.parquet"
+    column = pa.array([b"a", b"\x00\xff", None], kind)
+    pq.write_table(pa.table({"id": [0, 1, 2], "x": [0.5, 1.5, 2.5], "b": column}), source)
+    sink = table_sink("delta", tmp_path, partition_by=("b",))
+    with pytest.raises(chute.DataError, match=rf"partition column 'b' is {kind}: a delta table"):
+        job(source, sink, carryover=("id", "b")).run()
 
 
 def test_partition_specs_a_format_cannot_hold_are_refused() -> None:
@@ -1540,14 +1587,28 @@ def test_a_delta_table_whose_rules_chute_would_bypass_is_refused_before_any_comp
         job(data, TableSink(str(strict), format="delta"), carryover=("id",)).run()
 
 
-@pytest.mark.parametrize("path", ["s3://bucket/t%20x", "s3://bucket/t?v=2", "s3://bucket/t#2"])
-def test_a_table_location_the_tables_library_would_read_otherwise_is_refused(path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "held"),
+    [
+        ("s3://bucket/t%20x", "'%'"),
+        ("s3://bucket/t?v=2", "'?'"),
+        ("s3://bucket/t#2", "'#'"),
+        ("/data/a%41b.delta", "'%'"),  # delta-rs reads a local path's %41 as A
+    ],
+)
+def test_a_table_location_the_tables_library_would_read_otherwise_is_refused(
+    path: str, held: str
+) -> None:
     """chute takes an S3 key as written; delta-rs and Lance parse it as a URL: the table's
-    log and chute's files would be under two prefixes."""
+    log and chute's files would be under two prefixes. Locally delta-rs decodes ``%41``:
+    the first commit went to ``a%41b.delta``, the table was read from ``aAb.delta``, and no
+    run could ever finish."""
     from chute.tables import TableSink
 
-    with pytest.raises(chute.ConfigError, match=r"'%', '\?' or '#'"):
+    with pytest.raises(chute.ConfigError, match=rf"holds {re.escape(held)}, which the table's"):
         TableSink(format="delta", path=path)
+    if "://" not in path:
+        TableSink(format="lance", path=path.replace(".delta", ".lance"))  # Lance reads it so
 
 
 def _twice(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

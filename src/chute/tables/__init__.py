@@ -118,12 +118,15 @@ class TableSink(Sink):
             raise ConfigError(f"a {self.format} output needs `path:` (the table's location).")
         if self.commit_seconds < 0:
             raise ConfigError(f"commit_seconds must be >= 0, got {self.commit_seconds}.")
-        if self.path and "://" in self.path and any(c in self.path for c in "%?#"):
-            # chute takes an object key as written; delta-rs and Lance parse it as a URL
-            # ("%20" a space, "?v=2" dropped): its log and chute's files would part ways
+        # chute takes an object key as written; delta-rs and Lance parse it as a URL ("%20"
+        # a space, "?v=2" dropped), and delta-rs a local path's "%41" as "A": its log and
+        # chute's files would part ways, and the table could never be read
+        odd = "%?#" if "://" in (self.path or "") else "%" if self.format == "delta" else ""
+        if self.path and any(c in self.path for c in odd):
             raise ConfigError(
-                f"a {self.format} table's location {self.path!r} holds '%', '?' or '#', which "
-                "the table's own library reads otherwise than chute: choose a path without them."
+                f"a {self.format} table's location {self.path!r} holds "
+                f"{' or '.join(repr(c) for c in odd if c in self.path)}, which the table's own "
+                "library reads otherwise than chute: choose a path without it."
             )
         object.__setattr__(self, "partition_by", tuple(self.partition_by))
         fields = partition_fields(self.partition_by)  # a malformed entry: refused here
@@ -239,6 +242,15 @@ def partition_values(piece: pa.Table, fields: Sequence[PartitionField]) -> dict[
     values = {}
     for f in fields:
         if f.transform == IDENTITY:
+            kind = piece.schema.field(f.column).type
+            if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+                raise DataError(
+                    f"partition column {f.column!r} is {kind}: a delta table keeps partition "
+                    "values as text, and binary ones are read back altered (b'a' as "
+                    "b\"b'a'\"; delta-rs reads its own back altered too). Partition by "
+                    "another column, or by a text form of this one (its hex) made in a "
+                    "preprocess step."
+                )
             value = piece.column(f.column)[0].as_py()
             if value == "":
                 raise DataError(

@@ -37,7 +37,9 @@ def write_fragments(
     """Write ``table`` as Lance data files of the dataset at ``location`` (uncommitted);
     the fragments' metadata. Where the dataset's columns cannot take the table's, the
     error names the column and both types, as for Iceberg and Delta (Lance's own is an
-    I/O error: "Append with different schema")."""
+    I/O error: "Append with different schema"); where they hold the same values in
+    another layout (``large_string`` into ``string``, a dictionary, ``int32`` into
+    ``int64``, a fixed-size list into a list), the rows are cast to the dataset's."""
     options = storage_options(location, storage) or None
     try:
         fragments = lance.fragment.write_fragments(
@@ -51,7 +53,14 @@ def write_fragments(
         except (OSError, ValueError):
             raise error from None
         check_schema(dataset.schema, table.schema, f"the lance table {location}", ordered=True)
-        raise
+        theirs = pa.schema([dataset.schema.field(name) for name in table.column_names])
+        try:  # a safe cast: an overflow or a lost digit raises, and Lance's error stands
+            table = table.cast(theirs)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise error from None
+        fragments = lance.fragment.write_fragments(
+            table, location, schema=theirs, storage_options=options
+        )
     return [dict(f.to_json()) for f in fragments]
 
 
