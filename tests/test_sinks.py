@@ -790,6 +790,62 @@ def test_durations_keep_their_unit_and_nested_times_are_iso(tmp_path: Path, fmt:
     assert pd.to_timedelta(exact[0]) == pd.Timedelta(seconds=1.5)
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_zoned_times_name_their_instant_and_text_views_are_text(tmp_path: Path, fmt: str) -> None:
+    """A zone whose offset had seconds (Monrovia's -00:44:30 until 1972) was written with
+    ``%z`` as -0044: read back, an instant 30 s off, in a carried column. Polars' text
+    (``string_view``) was refused by CSV as bad input, after compute."""
+    import pandas as pd
+
+    utc = datetime.timezone.utc
+    instants = [
+        datetime.datetime(1970, 6, 1, 12, 0, tzinfo=utc),
+        datetime.datetime(2020, 6, 1, 12, 0, tzinfo=utc),
+    ]
+    source = pa.table(
+        {
+            "id": [0, 1],
+            "monrovia": pa.array(instants, pa.timestamp("us", "Africa/Monrovia")),
+            "paris": pa.array(instants, pa.timestamp("us", "Europe/Paris")),
+        }
+    )
+    model = chute.Model(
+        "m",
+        lambda b: pa.array(["a", None], pa.string_view()),
+        inputs=("id",),
+        batch_format="pyarrow",
+    )
+    job = chute.Job(
+        source=chute.TableSource(source),
+        models=(model,),
+        carryover=("id", "monrovia", "paris"),
+        output=chute.Sink(str(tmp_path / "out"), fmt),  # type: ignore[arg-type]
+        engine="local",
+    )
+    job.run()
+    files = sorted((tmp_path / "out").glob("part-*"))
+    if fmt == "csv":
+        rows = pd.concat(pd.read_csv(f, dtype=str) for f in files).to_dict("records")
+    else:
+        rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    rows = sorted(rows, key=lambda r: int(r["id"]))
+    for row, instant in zip(rows, instants, strict=True):
+        assert pd.Timestamp(row["monrovia"]) == pd.Timestamp(instant)
+        assert pd.Timestamp(row["paris"]) == pd.Timestamp(instant)
+    assert rows[1]["paris"].endswith("+0200")  # a zone in whole minutes keeps its offset
+    assert rows[0]["m"] == "a"
+
+
+def test_nested_nanosecond_times_keep_their_nanoseconds_in_json_lines() -> None:
+    from chute.formats import to_jsonl
+
+    kind = pa.struct([("t", pa.time64("ns")), ("ts", pa.list_(pa.time64("ns")))])
+    column = pa.array([{"t": 1, "ts": [86_399_999_999_999]}, None], kind)
+    lines = [json.loads(line) for line in to_jsonl(pa.table({"c": column})).splitlines()]
+    assert lines[0]["c"] == {"t": "00:00:00.000000001", "ts": ["23:59:59.999999999"]}
+    assert lines[1]["c"] is None
+
+
 def test_a_column_described_alike_whichever_way_its_rows_came() -> None:
     """Arrow IPC (Ray's object store) names a map's entries otherwise than the Parquet
     reader: a job killed on one engine and resumed on the other refused its own carried

@@ -84,11 +84,15 @@ def csv_holds(kind: pa.DataType) -> bool:
 
 def csv_ready(table: pa.Table) -> pa.Table:
     """``table`` as CSV writes it faithfully: durations as ISO 8601 text (Arrow's CSV
-    writer gives a bare count, ``1500`` for 1.5 s in milliseconds, its unit lost)."""
+    writer gives a bare count, ``1500`` for 1.5 s in milliseconds, its unit lost), zoned
+    times whose offsets have seconds in UTC (:func:`in_whole_minutes`)."""
     for i, field in enumerate(table.schema):
         if pa.types.is_duration(field.type):
             text = iso_durations(table.column(i).combine_chunks())
             table = table.set_column(i, pa.field(field.name, pa.string()), text)
+        elif pa.types.is_timestamp(field.type) and field.type.tz:
+            times = in_whole_minutes(table.column(i).combine_chunks())
+            table = table.set_column(i, field.with_type(times.type), times)
     return table
 
 
@@ -232,11 +236,50 @@ def _plain(array: pa.Array) -> list[Any]:
     """Python values of any other column: temporal values as ISO text, NaN as None."""
     kind = array.type
     if pa.types.is_timestamp(kind):
+        array = in_whole_minutes(array)
         zone = "%z" if kind.tz else ""
         return list(pc.strftime(array, format=f"%Y-%m-%dT%H:%M:%S{zone}").to_pylist())
     if pa.types.is_date(kind) or pa.types.is_time(kind):
         return list(pc.cast(array, pa.string()).to_pylist())
+    texted = _nanotimes_as_text(kind)
+    if texted != kind:  # Python's time holds microseconds: 00:00:00.000000001 was 00:00:00
+        array = array.cast(texted)
     return [_finite(v) for v in array.to_pylist()]
+
+
+def in_whole_minutes(array: pa.Array) -> pa.Array:
+    """Zoned timestamps as their text can say them: a zone whose offset has seconds at
+    some instant (a local mean time before 1972: Monrovia's -00:44:30) written as ``%z``
+    (``-0044``) named another instant, 30 s off; such a column is given in UTC."""
+    kind = array.type
+    if not (pa.types.is_timestamp(kind) and kind.tz) or len(array) == array.null_count:
+        return array
+    local = pc.local_timestamp(array).cast(pa.int64()).fill_null(0)
+    offsets = np.asarray(local) - np.asarray(array.cast(pa.int64()).fill_null(0))
+    if not np.any(offsets % (60 * SCALES[kind.unit])):
+        return array
+    return array.cast(pa.timestamp(kind.unit, "UTC"))
+
+
+def _nanotimes_as_text(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with every ``time64[ns]`` inside it as text (Arrow's, as at the top)."""
+    if kind == pa.time64("ns"):
+        return pa.string()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = kind.value_field.with_type(_nanotimes_as_text(kind.value_type))
+        return pa.list_(inner) if pa.types.is_list(kind) else pa.large_list(inner)
+    if pa.types.is_fixed_size_list(kind):
+        inner = kind.value_field.with_type(_nanotimes_as_text(kind.value_type))
+        return pa.list_(inner, kind.list_size)
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_nanotimes_as_text(f.type)) for f in kind])
+    if pa.types.is_map(kind):
+        key, item = kind.key_field, kind.item_field
+        return pa.map_(
+            key.with_type(_nanotimes_as_text(key.type)),
+            item.with_type(_nanotimes_as_text(item.type)),
+        )
+    return kind
 
 
 def _finite(value: Any) -> Any:

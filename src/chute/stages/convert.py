@@ -120,9 +120,9 @@ def _column_name(prefix: str | None, key: str | None, who: str) -> str:
 
 def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
     if isinstance(values, pa.ChunkedArray):
-        return values.combine_chunks()
+        values = values.combine_chunks()
     if isinstance(values, pa.Array):
-        return values
+        return _unviewed(values)
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
     if type(values).__name__ in ("Series", "Index") and hasattr(values, "dtype"):
@@ -155,6 +155,17 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
         return pa.array(arr)
     except (TypeError, ValueError, pa.ArrowException) as exc:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+def _unviewed(array: pa.Array) -> pa.Array:
+    """Arrow's view layouts (Polars' text is ``string_view``) as the plain ones every
+    output format writes: CSV refused a ``string_view`` column as bad input, after compute."""
+    kind = array.type
+    if kind == pa.string_view():
+        return array.cast(pa.string())
+    if kind == pa.binary_view():
+        return array.cast(pa.binary())
+    return array  # a list view stays one: Arrow 26's cast of it to a list is invalid
 
 
 def _plain(array: pa.Array) -> pa.Array:
