@@ -508,7 +508,7 @@ def test_rows_of_several_lengths_are_a_list_column(out: Any, expected: Any) -> N
     if out == "torch":
         torch = pytest.importorskip("torch")
         out = [torch.arange(i + 1) for i in range(4)]
-    assert _run(out, 3).column("m").to_pylist() == expected
+    assert _run(out).column("m").to_pylist() == expected
 
 
 def test_rows_of_one_length_then_of_several_say_how_to_return_lists() -> None:
