@@ -629,6 +629,25 @@ def test_a_job_left_unfinished_by_overwrite_is_not_finished_over_the_newer_rows(
     assert len(read_table(sink)) == rows
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_overwrite_after_a_kill_before_the_first_table_commit_starts_over(
+    fmt: str, data: Path, tmp_path: Path
+) -> None:
+    """The killed run left its first batch staged, none of it in the table: --overwrite was
+    refused as if "the table already holds rows of this job", telling the user to delete
+    rows that were not there. After a commit landed it is still refused."""
+    sink = table_sink(fmt, tmp_path, commit_seconds=0)
+    path = _job_file(tmp_path / "job.json", data, sink)
+    died = _run([str(TABLE_CHAOS), "staged", "1", str(path)])
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    done = _run(["-m", "chute", "run", str(path), "-q", "--overwrite"])
+    assert done.returncode == 0, done.stderr
+    _check_chaos(sink)
+    again = _run(["-m", "chute", "run", str(path), "-q", "--overwrite"])
+    assert again.returncode == 5 and "cannot redo it" in " ".join(again.stderr.split())
+
+
 # --------------------------------------------------------------------------- kills
 
 

@@ -138,13 +138,23 @@ class TableLedger(Ledger):
     )
 
     def _refuse_redo(self, overwrite: bool) -> None:
-        if overwrite and self.owner(overwrite) is not None and self.read_entries():
-            raise JobStateError(
-                f"{self._name()} already holds rows of this job, and chute never deletes rows "
-                "from a table: --overwrite cannot redo it. Run without --overwrite to finish "
-                "the job, or delete its rows with the table's own tools and its folder "
-                f"{self.meta!r}, or write to another table."
-            )
+        """``--overwrite`` of a job whose rows are in the table: refused. Units of a batch a
+        killed run left staged count only where the table took that batch (a run killed
+        before its first table commit left no row of the job there)."""
+        if not overwrite or self.owner(overwrite) is None:
+            return
+        entries = list(self.read_entries().values())
+        staged = [e for e in entries if self._staged(e)]
+        if not entries or (
+            len(staged) == len(entries) and not self._in_table({str(e["batch"]) for e in staged})
+        ):
+            return
+        raise JobStateError(
+            f"{self._name()} already holds rows of this job, and chute never deletes rows "
+            "from a table: --overwrite cannot redo it. Run without --overwrite to finish "
+            "the job, or delete its rows with the table's own tools and its folder "
+            f"{self.meta!r}, or write to another table."
+        )
 
     def _refuse_again(self, description: dict[str, Any], overwrite: bool) -> None:
         """Another job of this table, finished (or left), already added rows of this job's

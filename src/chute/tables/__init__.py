@@ -210,8 +210,10 @@ def split(table: pa.Table, fields: Sequence[PartitionField]) -> list[pa.Table]:
     for f in fields:
         if f.column not in table.column_names:
             raise DataError(
-                f"partition_by names column {f.column!r}, which the job's output does not "
-                f"have (its columns: {', '.join(table.column_names)})."
+                f"the table is partitioned by column {f.column!r} (the job's partition_by, "
+                "or the partitions of the table that exists), which the job's output does not "
+                f"have (its columns: {', '.join(table.column_names)}). Write that column (carry "
+                "it over, or return it from the model), or write to another table."
             )
     keys = {f"key{i}": _key(table.column(f.column), f.transform) for i, f in enumerate(fields)}
     index = pa.table({**keys, "row": pa.array(range(table.num_rows), pa.int64())})
