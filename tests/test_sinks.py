@@ -868,3 +868,25 @@ def test_a_column_described_alike_whichever_way_its_rows_came() -> None:
         ["v", "list<float>"],
         ["s", "struct<a: list<int64>>"],
     ]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_an_output_type_the_format_cannot_hold_is_named_as_the_models(
+    tmp_path: Path, fmt: str
+) -> None:
+    """An interval column stopped the run as "Arrow could not handle the data" (a
+    DataError, exit 3: bad input), naming no column."""
+    gaps = pa.array([pa.MonthDayNano([1, 2, 3])] * 2, pa.month_day_nano_interval())
+    model = chute.Model(
+        "m", lambda b: {"gap": gaps, "ok": pa.array([1, 2])}, inputs=("id",), batch_format="pyarrow"
+    )
+    job = chute.Job(
+        source=chute.TableSource(pa.table({"id": [0, 1]})),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out"), fmt),  # type: ignore[arg-type]
+        engine="local",
+    )
+    with pytest.raises(chute.ModelError, match=rf"{fmt} cannot hold 'm_gap' \(month_day_nano"):
+        job.run()
+    assert not (tmp_path / "out" / "_SUCCESS").exists()

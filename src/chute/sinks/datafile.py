@@ -24,12 +24,35 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from chute.errors import ModelError
 from chute.formats import check_csv, csv_ready
 from chute.retry import retrying
 from chute.sinks.files import as_written, encode, parquet_options
 from chute.sinks.records import PartRecord, describe_columns
 from chute.stages import holds_null, typed_by
 from chute.storage import is_local, put, settle, writing
+
+
+def unheld(table: pa.Table, fmt: str, exc: Exception) -> ModelError:
+    """The error for output columns of a type ``fmt`` cannot hold (an interval in Parquet
+    or CSV): each column written alone, those that fail named. It was an ``Arrow could not
+    handle the data`` (exit 3, bad input) naming no column."""
+    bad = []
+    for name in table.column_names:
+        one = table.select([name]).slice(0, 1)
+        try:
+            sink = pa.BufferOutputStream()
+            if fmt == "parquet":
+                pq.write_table(one, sink)
+            elif fmt == "csv":
+                pacsv.write_csv(one, sink)
+        except pa.ArrowNotImplementedError:
+            bad.append(f"{name!r} ({one.schema.field(name).type})")
+    which = ", ".join(bad) or "a column"
+    return ModelError(
+        f"the output format {fmt} cannot hold {which}: {exc}. Return another type from the "
+        "model (a struct, a string, a number), or write JSON Lines (output: {format: jsonl})."
+    )
 
 
 class DataFile:
@@ -127,6 +150,12 @@ class DataFile:
             self._out = pa.BufferOutputStream()
 
     def _encode(self, table: pa.Table) -> None:
+        try:
+            self._encode_as(table)
+        except pa.ArrowNotImplementedError as exc:  # not the input's fault: its output's
+            raise unheld(table, self._fmt, exc) from exc
+
+    def _encode_as(self, table: pa.Table) -> None:
         if self._fmt == "csv":
             table = csv_ready(table)
         elif self._fmt == "parquet":
