@@ -1,7 +1,10 @@
 """A data file of a file sink while it is written: :class:`DataFile`.
 
-Runs of rows are appended as they come (for Parquet each append is a row group), so a
-writer holds no more than the run in hand however large the file grows; readers see the
+Runs of rows are appended as they come, so a writer holds no more than the run in hand
+however large the file grows; for Parquet, runs smaller than a row group's worth
+(:data:`GROUP_ROWS` rows or :data:`GROUP_BYTES`) are held until they make one, then
+written as one row group (a model's batches of 64 rows were each a row group: 3,125 of
+them and a 660 KB footer for 200,000 rows, which every reader pays for). Readers see the
 file only once :meth:`DataFile.close` has put it under its name. Locally the rows go
 straight into a temporary file beside it (``.part-….tmp``, an orphan that the ledger
 removes should the process die), renamed into place; on an object store, whose upload
@@ -55,6 +58,12 @@ def unheld(table: pa.Table, fmt: str, exc: Exception) -> ModelError:
     )
 
 
+GROUP_ROWS = 65_536
+"""Rows that make a Parquet row group worth writing (the runs before are held)."""
+GROUP_BYTES = 8 * 2**20
+"""Or Arrow bytes (wide rows: embeddings)."""
+
+
 class DataFile:
     """One output data file: the runs appended to it, and their records once it is closed.
 
@@ -77,6 +86,8 @@ class DataFile:
         self._encoder: Any = None
         self._seconds = 0.0
         self._given_up = False
+        self._held: list[pa.Table] = []
+        """Parquet runs not yet written: fewer than a row group's worth so far."""
 
     def takes(self, table: pa.Table) -> bool:
         """Whether ``table``'s rows can follow those planned: the same columns and types, a
@@ -99,8 +110,17 @@ class DataFile:
         with self._aborting():
             if self._out is None:
                 self._open()
-            for table in tables:
-                self._encode(table)
+            if self._fmt != "parquet":
+                for table in tables:
+                    self._encode(table)
+            else:
+                self._held += tables
+                held = self._held
+                if (
+                    sum(t.num_rows for t in held) >= GROUP_ROWS
+                    or sum(t.nbytes for t in held) >= GROUP_BYTES
+                ):
+                    self._write_held()
         self._records += records
         self._seconds += time.perf_counter() - began
 
@@ -109,6 +129,7 @@ class DataFile:
         (the caller holds ``lock``)."""
         began = time.perf_counter()
         with self._aborting():
+            self._write_held()
             if self._encoder is not None:
                 self._encoder.close()
             size = int(self._out.tell())
@@ -186,8 +207,17 @@ class DataFile:
             self._abort()
             raise
 
+    def _write_held(self) -> None:
+        """The held runs as one row group (or as many as they fill)."""
+        held, self._held = self._held, []
+        if len(held) > 1:
+            self._encode(pa.concat_tables(held))
+        elif held:
+            self._encode(held[0])
+
     def _abort(self) -> None:
         self._given_up = True
+        self._held = []
         out, encoder, self._out, self._encoder = self._out, self._encoder, None, None
         if encoder is not None:
             with contextlib.suppress(Exception):  # else it would finish itself when collected
