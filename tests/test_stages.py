@@ -480,6 +480,38 @@ def test_a_zoned_pandas_output_keeps_its_nanoseconds() -> None:
     assert column[0].value == 1577836800000000001 and column.null_count == 2
 
 
+class _StaticOut:
+    """Writes each call's results into one buffer it keeps, and returns a view of it (a
+    static output tensor, ``out=``)."""
+
+    def __init__(self) -> None:
+        self.out = np.zeros(64)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(batch["x"])
+        np.multiply(batch["x"], 2.0, out=self.out[:n])
+        return {"y": self.out[:n]}
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_model_that_refills_one_buffer_gives_each_row_its_own_value(failing: bool) -> None:
+    """Arrow wraps a model's array without a copy: the calls over one batch (its rows cut
+    at the batch size, on Ray a block's; a failing row bisected out) kept views of one
+    buffer, and every row held the last call's values, with the run complete."""
+    model = _StaticOut()
+
+    def fn(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if failing and (batch["x"] == 5).any():
+            raise ValueError("a bad row")
+        return model(batch)
+
+    spec = Model("m", fn, batch_format="numpy", batch_size=2, on_error="quarantine")
+    table = ModelStage(spec, ["x"])(_batch(8))
+    values = table.column("m_y").to_pylist()
+    x = table.column("x").to_pylist()
+    assert values == [None if failing and v == 5 else v * 2.0 for v in x]
+
+
 def test_masked_values_are_nulls_not_their_fill_data() -> None:
     """``np.asarray`` drops a masked array's mask: the values hidden under it were written
     as if the model had returned them."""

@@ -432,6 +432,10 @@ class ModelStage:
             elif after < 0:  # a whole call, not a bisection's half: the sizer learns from it
                 self.sizer.fitted(hi - lo, took, _nbytes(view, self.inputs, lo, hi, columns))
             failures += self._marked(view, lo, columns)
+            if pending:  # more calls before the pieces are joined: their arrays, Arrow's
+                # wrapping of the model's own (no copy), would be overwritten by a model
+                # that refills one buffer each call (a static output tensor, ``out=``)
+                columns = {name: pa.concat_arrays([a]) for name, a in columns.items()}
             pieces.append((lo, hi, columns))
         pieces.sort(key=lambda piece: piece[0])
         return pieces, sorted(failures, key=lambda failure: failure[0])
