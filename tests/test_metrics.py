@@ -44,7 +44,7 @@ from chute.metrics import (
     state_from_text,
     state_to_text,
 )
-from chute.metrics.state import _exact_sums
+from chute.metrics.state import _exact_sums, add_states
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -305,6 +305,40 @@ def test_regression_equals_sklearn(data: dict[str, np.ndarray], chunk_states: An
     assert _close(result["r2"], skm.r2_score(y, p))
     assert _close(result["mean_prediction"], float(np.mean(p)))
     assert _close(result["mean_label"], float(np.mean(y)))
+
+
+@pytest.mark.parametrize(
+    ("offset", "spread"),
+    [(1.7e9, 1.0), (1.7e9, 5.0), (1.7e18, 1e9), (0.0, 1.0)],
+    ids=["epoch-seconds", "epoch-seconds-wide", "epoch-nanos", "plain"],
+)
+def test_r2_of_labels_with_a_large_offset_is_exact(offset: float, spread: float) -> None:
+    """Each square rounded before it was summed: labels of 1.7e9 a second apart lost
+    ``Σy² − (Σy)²/n`` in the rounding, and R² was 0.0 (or 0.9994) where it is 0.88."""
+    rng = np.random.default_rng(7)
+    y = offset + rng.random(4_000) * spread
+    p = y + rng.normal(size=len(y)) * spread * 0.1
+    metric = Regression(label="y", prediction="p")
+    state = metric.init()
+    for start in range(0, len(y), 250):  # units merged, as a run merges them
+        piece = pa.table({"y": y[start : start + 250], "p": p[start : start + 250]})
+        state = add_states(state, metric.summarize(piece))
+    exact_y = [Fraction(v) for v in y.tolist()]
+    mean = sum(exact_y) / len(y)
+    residual = sum((Fraction(b) - a) ** 2 for a, b in zip(exact_y, p.tolist(), strict=True))
+    total = sum((a - mean) ** 2 for a in exact_y)
+    assert metric.result(state)["r2"] == float(1 - residual / total)
+
+
+def test_r2_of_constant_labels_follows_sklearns_rule() -> None:
+    """sklearn: 1.0 for a perfect fit of constant labels, 0.0 for an imperfect one (its own
+    float sums make the spread of 0.3s not quite zero); chute said -6.5e14."""
+    metric = Regression(label="y", prediction="p")
+    y = np.full(1_000, 0.3)
+    imperfect = metric.summarize(pa.table({"y": y, "p": y + 0.1}))
+    perfect = metric.summarize(pa.table({"y": y, "p": y}))
+    assert metric.result(imperfect)["r2"] == 0.0
+    assert metric.result(perfect)["r2"] == 1.0
 
 
 def test_column_stats_equal_numpy(data: dict[str, np.ndarray], chunk_states: Any) -> None:

@@ -30,9 +30,10 @@ class Regression(Metric):
     """MSE, RMSE, MAE, R², mean prediction and mean label from one state of exact sums.
 
     R² follows scikit-learn: 1.0 for a perfect fit of constant labels, 0.0 for an
-    imperfect one. Sums of y, y², ŷ, (ŷ-y)² and |ŷ-y| are exact, so R² suffers no
-    cancellation beyond the rounding of each row's square. A finite value whose square (or
-    error) passes the float range is summed exactly too; a mean beyond it is inf.
+    imperfect one. Sums of y, y², ŷ, (ŷ-y)² and |ŷ-y| are exact (each square too), so R²
+    suffers no cancellation: labels of 1.7e9 a second apart give scikit-learn's value.
+    A finite value whose square (or error) passes the float range is summed exactly too;
+    a mean beyond it is inf.
 
     >>> Regression(label="tip_amount", prediction="tip_pred")
     <Regression 'regression' on tip_amount, tip_pred>
@@ -94,14 +95,33 @@ def _r2(state: State) -> float:
     return _to_float(1 - residual / spread)
 
 
+_SPLIT = 2.0**27 + 1
+"""Veltkamp's constant for float64: ``x`` splits into two halves of 26 bits each."""
+_TINY = 2.0**-400
+"""Below this a value's square is summed as NumPy rounds it (its exact square is finer
+than the sums' unit, and negligible beside any other)."""
+
+
 def _square_sum(x: Floats) -> int:
-    """The exact sum of each value's square as NumPy rounds it; a square beyond the float
-    range (of a finite value past 1.3e154) is added exactly instead: as inf it would make
-    the sum wrong, and NumPy's own mean would say inf where the exact one is finite."""
+    """The exact sum of the values' squares. Each square rounded to a float first, labels
+    with a large common offset and a small spread (epoch seconds: ~1.7e9, a second apart)
+    had ``Σy² − (Σy)²/n`` lost in the rounding (up to 256 a square), and R² came out 0.0
+    where scikit-learn says 0.88. So each value is split exactly into two halves of 26 bits
+    (``hi + lo``), whose products ``hi·hi``, ``2·hi·lo`` and ``lo·lo`` are exact floats,
+    summed exactly. A square beyond the float range (of a finite value past 1.3e154) is
+    added exactly too: as inf it would make the sum wrong."""
     with np.errstate(over="ignore"):
         squares = np.square(x)
     over = ~np.isfinite(squares)
-    return _exact_sums(squares[~over])[0] + sum(_square_units(v) for v in x[over].tolist())
+    fits = x[~over]
+    split = np.abs(fits) >= _TINY
+    whole = fits[split]
+    scaled = whole * _SPLIT
+    hi = scaled - (scaled - whole)
+    lo = whole - hi
+    exact = sum(_exact_sums(part)[0] for part in (hi * hi, 2.0 * hi * lo, lo * lo))
+    tiny = _exact_sums(np.square(fits[~split]))[0]
+    return exact + tiny + sum(_square_units(v) for v in x[over].tolist())
 
 
 def _error_sums(p: Floats, y: Floats, error: Floats) -> State:
