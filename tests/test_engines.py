@@ -325,6 +325,57 @@ def test_predict_in_memory(engine: str, kind: str) -> None:
     check_memory_result(chute.predict(data, model, engine=engine), frame)
 
 
+def scale_in_place(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``torch.from_numpy`` ignores a read-only flag: it scales the batch's own buffer."""
+    import torch
+
+    x = torch.from_numpy(batch["x"])
+    x.div_(10.0)
+    return {"y": x.numpy().copy()}
+
+
+def centre_in_place(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import torch
+
+    x = torch.from_numpy(batch["x"])
+    x.sub_(5.0)
+    return {"xc": x.numpy().copy()}
+
+
+def seen(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"x": batch["x"].copy()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["model", "preprocess"])
+def test_a_function_writing_into_its_numpy_batch_changes_no_carried_column(
+    engine: str, where: str, tmp_path: Path
+) -> None:
+    """A NumPy batch's arrays are read-only views of the batch's buffers, but
+    ``torch.from_numpy(x).div_(10)`` writes through them: the carried ``x`` and a later
+    model's input were written divided, and the run was complete."""
+    pytest.importorskip("torch")
+    x = np.arange(6_000, dtype=np.float64) * 10.0
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": np.arange(6_000), "x": x}), source)
+    first = chute.Model("n", scale_in_place, inputs=("x",), batch_format="numpy", batch_size=500)
+    later = chute.Model("s", seen, inputs=("x",), batch_format="numpy")
+    step = chute.Preprocess(centre_in_place, inputs=("x",), batch_format="numpy")
+    chute.Job(
+        source=chute.FileSource(str(source)),
+        models=(first, later) if where == "model" else (later,),
+        preprocess=step if where == "preprocess" else None,
+        carryover=("id", "x"),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine=engine,
+    ).run()
+    out = pq.read_table(tmp_path / "out").sort_by("id")
+    np.testing.assert_array_equal(out.column("x").to_numpy(), x)  # carried as read
+    np.testing.assert_array_equal(out.column("s_x").to_numpy(), x)  # the later model's
+    if where == "model":
+        np.testing.assert_array_equal(out.column("n_y").to_numpy(), x / 10.0)
+
+
 @pytest.mark.timeout(60)
 def test_predict_numpy_dict_with_2d_array(engine: str) -> None:
     emb = np.arange(30_000, dtype=np.float32).reshape(10_000, 3)

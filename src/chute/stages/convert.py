@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,11 @@ from chute.errors import DataError, ModelError
 from chute.job import BatchFormat
 
 
-def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
-    """The batch a user function receives."""
+def to_format(table: pa.Table, fmt: BatchFormat, copies: Collection[str] = ()) -> Any:
+    """The batch a user function receives. A NumPy array is a read-only view of the
+    batch's buffer where Arrow allows; those named in ``copies`` (columns something reads
+    after the function) are copies instead: ``torch.from_numpy`` writes into a read-only
+    array all the same, and the carried column was written as the model had changed it."""
     if fmt == "pyarrow":
         return table
     if fmt == "pandas":
@@ -24,7 +28,11 @@ def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
         frame = table.to_pandas()
         frame.index = pd.RangeIndex(len(frame))
         return frame
-    return {name: _to_numpy(table.column(name), name) for name in table.column_names}
+    arrays = {name: _to_numpy(table.column(name), name) for name in table.column_names}
+    for name in copies:
+        if name in arrays and not arrays[name].flags.writeable:
+            arrays[name] = arrays[name].copy()
+    return arrays
 
 
 def _to_numpy(column: pa.ChunkedArray, name: str) -> np.ndarray:

@@ -22,9 +22,17 @@ from chute.usercode import resolve, user_frame
 class PreprocessStage:
     """The optional CPU step before the models."""
 
-    def __init__(self, spec: Preprocess, inputs: Sequence[str], protected: Sequence[str]) -> None:
+    def __init__(
+        self,
+        spec: Preprocess,
+        inputs: Sequence[str],
+        protected: Sequence[str],
+        shared: Sequence[str] = (),
+    ) -> None:
         self.fn: Callable[[Any], Any] = resolve(spec.fn)
         self.inputs = list(inputs)
+        self.shared = frozenset(shared)
+        """Inputs read after the step: a NumPy batch gets them as copies."""
         self.batch_format: BatchFormat = spec.batch_format
         self.protected = set(protected)
         self.clock = StageClock()
@@ -32,7 +40,7 @@ class PreprocessStage:
     def __call__(self, table: pa.Table) -> pa.Table:
         started = time.perf_counter()
         try:
-            given = to_format(table.select(self.inputs), self.batch_format)
+            given = to_format(table.select(self.inputs), self.batch_format, self.shared)
             out = self.fn(given)
         except (Exception, SystemExit) as exc:  # sys.exit() in user code: it raised
             raise ModelError(
