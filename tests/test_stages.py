@@ -662,6 +662,29 @@ def test_preprocess_refuses_to_replace_a_carryover_column() -> None:
         stage(_batch())
 
 
+def test_a_carried_column_returned_as_another_type_says_which() -> None:
+    """pandas makes an integer column holding a null float64: the refusal said only "with
+    other values", for values the step never changed."""
+
+    def whole(frame: pd.DataFrame) -> pd.DataFrame:
+        frame["f"] = 1.0
+        return frame
+
+    stage = PreprocessStage(Preprocess(whole, batch_format="pandas"), ["x"], ["x"])
+    batch = _batch().set_column(0, "x", pa.array([1, None, 3, 4], pa.int64()))
+    with pytest.raises(ConfigError, match=r"'x'.* other values \(as double, read as int64\)"):
+        stage(batch)
+
+
+def test_a_model_input_nothing_makes_is_a_config_error_not_the_models() -> None:
+    """With a preprocess step the plan cannot check a model's inputs: a name nothing makes
+    failed inside the model's call as its KeyError (exit 4; under quarantine every row
+    bisected into _errors/)."""
+    stage = ModelStage(Model("a", lambda b: b["b_y"], on_error="quarantine"), ["b_y"])
+    with pytest.raises(ConfigError, match=r"model 'a' reads 'b_y', which the batch does not"):
+        stage(_batch())
+
+
 def test_a_frame_returned_whole_keeps_its_carried_columns_as_read() -> None:
     """``df["f"] = ...; return df`` with a carried column in the frame was refused as a
     replacement of that column."""

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from chute.deadline import BatchTimeout, Caller
-from chute.errors import ChuteError, ConfigError, DataError, ModelError
+from chute.errors import ChuteError, ColumnNotFoundError, ConfigError, DataError, ModelError
 from chute.job import AUTO_BATCH_ROWS, DEFAULT_BATCH_ROWS, BatchFormat, Model
 from chute.models import AdapterSpec, ReplicaContext
 from chute.models.base import PREPARED, ROW, torch_threads
@@ -187,6 +187,15 @@ class ModelStage:
     def __call__(self, table: pa.Table) -> pa.Table:
         """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""
         started = time.perf_counter()
+        missing = [c for c in self.inputs if c not in table.column_names]
+        if missing:  # the plan checks the input's columns; a preprocess step's are known now
+            have = ", ".join(c for c in table.column_names if not c.startswith("__chute"))
+            raise ColumnNotFoundError(
+                f"model {self.name!r} reads {', '.join(map(repr, missing))}, which the batch "
+                f"does not have (its columns: {have}): "
+                "neither the input nor the preprocess step makes it, nor a model listed "
+                "before this one. Fix the model's inputs, or make the column first."
+            )
         healthy = healthy_rows(table)
         view = table if healthy is None else table.filter(keep_mask(healthy, table.num_rows))
         pieces, failures = self._predict_isolating(view)

@@ -50,10 +50,13 @@ class PreprocessStage:
             if name in self.protected or name == KEY:
                 if name in table.column_names and _unchanged(array, table.column(name)):
                     continue  # a pandas frame returned whole: its carried columns as read
+                was = table.column(name).type if name in table.column_names else None
+                typed = f" (as {array.type}, read as {was})" if was and was != array.type else ""
                 raise ConfigError(
                     f"preprocess returned column {name!r}, which is a carryover column, with "
-                    "other values: carryover columns pass through untouched. Return it under "
-                    "another name."
+                    f"other values{typed}: carryover columns pass through untouched (pandas "
+                    "makes an integer column holding a null float64). Return it under another "
+                    "name, or leave it out of what the step returns."
                 )
             # a copy: NumPy's values become Arrow's without one, and a step that fills one
             # buffer every call (np.add(x, 1, out=BUF)) rewrote the batches still waiting
