@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -476,3 +480,120 @@ def test_a_metric_that_cannot_compute_its_result_fails_the_command(tmp_path: Pat
     assert "1 metric(s) could not compute their results" in out and "OverflowError" in out
     assert (tmp_path / "out" / "_SUCCESS").exists()
     assert pd.read_parquet(tmp_path / "out").double.tolist() == [1.0, 2.0, 0.5]
+
+
+# ------------------------------------------------ bad input found by a review (2026-11-28)
+
+
+@pytest.mark.parametrize("key", ["5", "true"])
+def test_a_top_level_key_that_is_not_text_is_named_not_a_traceback(job_dir: Path, key: str) -> None:
+    (job_dir / "job.yaml").write_text(JOB + f"{key}: x\n")
+    code, out = invoke("validate", str(job_dir / "job.yaml"))
+    assert code == 2 and "key " in out and "Keys should be strings" in out, out
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("    fn: m.py:FIVE\n", "FIVE"),
+        ("    fn: m.py:f\n    args: [2]\n", "args/kwargs are constructor arguments"),
+        ("    fn: m.py:NoCall\n", "the class NoCall has no __call__ method"),
+        ("    model: {type: torch, path: weights.pt}\n", "weights.pt' does not exist"),
+    ],
+    ids=["not-callable", "args-for-a-function", "class-without-call", "torch-weights-missing"],
+)
+def test_validate_refuses_what_the_run_would_refuse_at_load(
+    job_dir: Path, model: str, said: str
+) -> None:
+    """These passed `chute validate` (exit 0); `chute run` then refused them at load, after
+    claiming the output."""
+    (job_dir / "m.py").write_text("FIVE = 5\ndef f(b):\n    return b\nclass NoCall:\n    pass\n")
+    text = f"input: {{path: taxi}}\nmodels:\n  - name: tip\n{model}output: {{path: out}}\n"
+    (job_dir / "job.yaml").write_text(text)
+    code, out = invoke("validate", str(job_dir / "job.yaml"))
+    assert code == 2 and said in out, out
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert code == 2 and said in out, out
+    assert not (job_dir / "out").exists()  # refused before the output was claimed
+
+
+def test_a_runtime_env_key_ray_does_not_know_is_refused() -> None:
+    """Ray takes an unknown key for a plugin's name and goes on: ``env_var:`` (for
+    ``env_vars:``) set nothing, with exit 0."""
+    pytest.importorskip("ray")
+    import chute
+
+    with pytest.raises(chute.ConfigError, match=r"no key 'env_var'\. Did you mean 'env_vars'"):
+        chute.Job(
+            source=chute.TableSource(pa.table({"x": [1]})),
+            models=(chute.Model("m", lambda b: b["x"]),),
+            runtime_env={"env_var": {"A": "1"}},
+        )
+
+
+def test_a_glob_in_a_folder_that_does_not_exist_says_which_and_what_is_near(
+    job_dir: Path,
+) -> None:
+    (job_dir / "job.yaml").write_text(JOB.replace("path: taxi,", "path: taxii/*.parquet,"))
+    code, out = invoke("validate", str(job_dir / "job.yaml"))
+    assert code == 3, out
+    assert "looks in the folder" in out and "which does not exist" in out and "taxi'?" in out
+
+
+def test_demo_into_a_file_is_refused_before_anything(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    code, out = invoke("demo", "--dir", str(tmp_path / "afile"), "--rows", "100")
+    assert code == 2 and "is a file" in out, out
+
+
+def _as_another_user(command: list[str]) -> list[str]:
+    """``command`` without the power to read or write what this user cannot: as root, with
+    the file-permission capabilities dropped (capsh); as any other user, as it is."""
+    if os.geteuid() != 0:
+        return command
+    capsh = shutil.which("capsh")
+    if capsh is None:
+        pytest.skip("root without capsh: file permissions cannot be made to apply")
+    drop = "--drop=cap_dac_override,cap_dac_read_search"
+    return [capsh, drop, "--", "-c", " ".join(shlex.quote(c) for c in command)]
+
+
+@pytest.mark.timeout(180)
+def test_unreadable_and_unwritable_files_are_named_not_tracebacks(job_dir: Path) -> None:
+    """An unreadable job file (`status`), an output's unreadable ledger (`status`,
+    `validate`), an unreadable model file (`validate`): PermissionError tracebacks, exit 1.
+    `chute report` on an output it cannot write printed nothing, exit 2."""
+    code, out = invoke("run", str(job_dir / "job.yaml"), "-q")
+    assert code == 0, out
+    chute_cli = [sys.executable, "-m", "chute"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = _as_another_user([*chute_cli, *args])
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=job_dir)
+
+    job, ledger, models = (
+        job_dir / "job.yaml",
+        job_dir / "out/_chute/ledger.jsonl",
+        job_dir / "models.py",
+    )
+    for path, args, said in [
+        (job, ["status", str(job)], "job file"),
+        (ledger, ["status", "out"], "permission denied reading"),
+        (ledger, ["validate", str(job)], "permission denied reading"),
+        (models, ["validate", str(job)], "is not readable by this user"),
+    ]:
+        path.chmod(0)
+        try:
+            done = run(*args)
+        finally:
+            path.chmod(0o644)
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr and said in " ".join(done.stderr.split()), said
+    meta = job_dir / "out" / "_chute"
+    meta.chmod(0o555)
+    try:
+        done = run("report", "out")
+    finally:
+        meta.chmod(0o755)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cannot write to the output" in " ".join(done.stdout.split())

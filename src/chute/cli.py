@@ -308,6 +308,7 @@ def _location(
 @click.option(
     "--dir",
     "directory",
+    type=click.Path(file_okay=False),
     default="chute-demo",
     show_default=True,
     help="Where the generated data and the results go.",

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from chute.api import Job
+from chute.errors import ConfigError
 from chute.job import Model, Sink
 from chute.sources import FileSource
 
@@ -100,6 +101,11 @@ def _rows(paths: list[str]) -> int:
 
 def demo_job(directory: str, engine: Any = "auto", rows: int = TOTAL_ROWS) -> Job:
     """The demo job over the data in ``directory``/taxi, written to ``directory``/tip-scores."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError(
+            f"the demo's folder {directory!r} is a file: name a folder (--dir) for the demo's "
+            "data and results."
+        )
     data = os.path.join(directory, "taxi")
     generate(data, rows)
     return Job(

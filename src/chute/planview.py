@@ -13,7 +13,7 @@ from rich.text import Text
 import chute.engines as engines
 from chute.engines import EngineOptions
 from chute.engines.resources import StageResources
-from chute.errors import ChuteError, JobStateError
+from chute.errors import ChuteError, ConfigError, JobStateError
 from chute.job import JobSpec, Model, describe_changes, fingerprint_of
 from chute.lease import live_claims
 from chute.ledger import META_DIR, Ledger
@@ -248,9 +248,17 @@ def rewrite_report(
         owner = ledgers[0].read_json("job.json") or {}
         notes = _later(ledgers[0], data, _entries(ledgers[0])) + _other_job(owner, expected)
     data = {**data, "events": events + [f"{LATER}{note}" for note in notes]}
+    html = f"{ledgers[0].meta}/report.html"
     if not running:
-        ledgers[0].save_report(data)
-    return Report.from_dict(data), f"{ledgers[0].meta}/report.html"
+        try:
+            ledgers[0].save_report(data)
+        except ConfigError:  # an output this user may read but not write: shown all the same
+            kept = (
+                "this user cannot write to the output: report.json and report.html are as "
+                "the run left them"
+            )
+            data["events"] = [*data["events"], f"{LATER}{kept}"]
+    return Report.from_dict(data), html
 
 
 LATER = "since this report: "

@@ -34,7 +34,7 @@ from chute.plan import Plan
 from chute.sinks import EXTENSIONS, output_filesystem
 from chute.storage import check, redact
 from chute.tables import TableSink
-from chute.usercode import import_string
+from chute.usercode import check_callable, import_string
 
 log = logging.getLogger("chute")
 
@@ -75,17 +75,21 @@ def remote(job: JobSpec) -> bool:
 def check_code(job: JobSpec, remote: bool = False) -> str:
     """Import every ``fn:`` the job names by string; fail (or, for a remote cluster, warn)
     naming the model and the fix."""
-    targets = [(f"model {m.name!r}: fn", m.fn) for m in job.models if isinstance(m.fn, str)]
+    targets = [
+        (f"model {m.name!r}: fn {m.fn!r}", m.fn, bool(m.args or m.kwargs))
+        for m in job.models
+        if isinstance(m.fn, str)
+    ]
     if job.preprocess is not None and isinstance(job.preprocess.fn, str):
-        targets.append(("preprocess: fn", job.preprocess.fn))
-    for where, target in targets:
+        targets.append((f"preprocess: fn {job.preprocess.fn!r}", job.preprocess.fn, False))
+    for where, target, constructed in targets:
         try:
-            import_string(target)
+            check_callable(where, import_string(target), constructed)
         except ConfigError as exc:
             if not remote:
-                raise ConfigError(f"{where}: {exc}") from exc
+                raise ConfigError(f"{where}: {exc}" if where not in str(exc) else str(exc)) from exc
             log.warning("%s: %s (the cluster may have it; it is not checked here)", where, exc)
-    return f"code imports: {', '.join(t for _, t in targets)}" if targets else ""
+    return f"code imports: {', '.join(t for _, t, _ in targets)}" if targets else ""
 
 
 def check_machine(job: JobSpec) -> str:

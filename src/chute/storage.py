@@ -337,6 +337,11 @@ def read(fs: pafs.FileSystem, path: str) -> bytes | None:
             return bytes(f.read())
     except FileNotFoundError:
         return None
+    except PermissionError as exc:  # another user's output (written with umask 077)
+        raise ConfigError(
+            f"permission denied reading {redact(path)}: this user cannot read the output's "
+            "files. Make them readable (chmod), run as their owner, or write elsewhere."
+        ) from exc
 
 
 def open_input_file(fs: pafs.FileSystem, path: str) -> Any:

@@ -381,8 +381,43 @@ def _with_parents(name: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts)) if parts[i] and parts[i] != "*"]
 
 
+def check_callable(where: str, target: Any, constructed: bool) -> None:
+    """What loading will refuse, said before any compute (``chute validate`` too): a
+    target that cannot be called, constructor arguments (``args``/``kwargs``) for what is
+    not a class, a class whose instances cannot be called."""
+    if isinstance(target, type):
+        if not any("__call__" in vars(k) for k in target.__mro__ if k is not object):
+            raise ConfigError(
+                f"{where}: the class {target.__name__} has no __call__ method: the model's "
+                "replicas call an instance of it with each batch. Give it one, or name a "
+                "function."
+            )
+        return
+    if constructed:
+        raise ConfigError(
+            f"{where}: args/kwargs are constructor arguments, but {_shown(target)} is not a "
+            "class. Leave them out, or name the class."
+        )
+    if not callable(target):
+        raise ConfigError(
+            f"{where}: {_shown(target)} is not callable: name a function or a class (fn: "
+            "module:name, or file.py:name)."
+        )
+
+
+def _shown(target: Any) -> str:
+    name = getattr(target, "__qualname__", None)
+    return f"{type(target).__name__} {name}" if name else repr(target)[:80]
+
+
 def _file_hash(path: str) -> str:
     import hashlib
 
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:12]
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:12]
+    except PermissionError as exc:
+        raise ConfigError(
+            f"the model file {path!r} is not readable by this user ({exc.strerror}): make it "
+            "readable (chmod), or run as its owner."
+        ) from exc

@@ -160,10 +160,10 @@ def format_errors(exc: ValidationError) -> str:
 def _loc(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
-        if isinstance(item, int):
-            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
-        else:
-            parts.append(str(item))
+        if isinstance(item, int) and not isinstance(item, bool) and parts:
+            parts[-1] = f"{parts[-1]}[{item}]"
+        else:  # a key that is not text (``5: x``, ``true: x`` at the top): no list to index
+            parts.append(str(item) if isinstance(item, str) else f"key {item!r}")
     return ".".join(parts) or "(top level)"
 
 

@@ -57,6 +57,11 @@ def read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(message) from exc
     except IsADirectoryError as exc:
         raise ConfigError(f"job file {path!r} is a directory: name the YAML file.") from exc
+    except PermissionError as exc:
+        raise ConfigError(
+            f"job file {path!r} is not readable by this user ({exc.strerror}): make it "
+            "readable (chmod), or run as its owner."
+        ) from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"job file {path!r} must be a mapping with input, models and output.")
     return raw

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chute.errors import ConfigError
+from chute.errors import ConfigError, did_you_mean
 from chute.job.fingerprint import (
     describe_metric,
     describe_model,
@@ -295,6 +295,25 @@ def _carryover(columns: Any) -> tuple[str, ...]:
     return carry
 
 
+def _check_runtime_env(env: Mapping[str, Any]) -> None:
+    """Ray takes a key it does not know for the name of a plugin, and goes on without it:
+    ``env_var:`` (for ``env_vars:``) set nothing, and the run was complete. Checked against
+    the keys the installed Ray knows."""
+    if not env:
+        return
+    try:
+        from ray.runtime_env import RuntimeEnv
+    except ImportError:  # no Ray here: the engine that needs it says so
+        return
+    known = sorted(k for k in RuntimeEnv.known_fields if not k.startswith("_"))
+    for key in env:
+        if key not in RuntimeEnv.known_fields:
+            raise ConfigError(
+                f"runtime_env has no key {key!r}.{did_you_mean(key, known)} Ray's keys: "
+                f"{', '.join(known)}."
+            )
+
+
 def _check_parts(job: JobSpec) -> None:
     """A part of the wrong kind (a path where a sink goes, a function where a model goes)
     named for what it is, not an AttributeError from deep inside planning."""
@@ -353,6 +372,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runtime_env", dict(self.runtime_env))
+        _check_runtime_env(self.runtime_env)
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "carryover", _carryover(self.carryover))
         object.__setattr__(self, "metrics", tuple(self.metrics))

@@ -137,6 +137,12 @@ class TorchAdapter(Adapter):
         check_choice(cls.kind, "task", options.get("task", "regression"), TASKS)
         check_choice(cls.kind, "dtype", options.get("dtype", "float32"), DTYPES)
         path = options.get("path")
+        if (
+            isinstance(path, str)
+            and "://" not in path
+            and not os.path.exists(os.path.expanduser(path))
+        ):
+            raise ConfigError(f"model file {path!r} does not exist: check the path.")
         if options.get("module") or not isinstance(path, str) or not os.path.isfile(path):
             return
         scripted = _is_exported_file(path) or _archive_holds(path, "/constants.pkl")

@@ -102,6 +102,12 @@ def _listing(
     ``keep_empty``, 0-byte ones."""
     if has_glob(path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
+        if fs.get_file_info(base or "/").type == pafs.FileType.NotFound:
+            folder = original[: len(original) - (len(path) - len(base))] if base else "/"
+            raise DataError(
+                f"the glob {redact(original)!r} looks in the folder {redact(folder)!r}, which "
+                f"does not exist.{_near(fs, base, folder)} Check the path."
+            )
         infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True))
         matches = _glob(path, underscore_files).fullmatch
         files = [i for i in infos if i.is_file and matches(i.path)]

@@ -37,7 +37,7 @@ from chute.stages.rows import (
     output_field,
     scatter,
 )
-from chute.usercode import resolve, user_frame
+from chute.usercode import check_callable, resolve, user_frame
 
 ROW_ERROR = "_error"
 """The output a model may return to fail rows without raising: a message per row, null for
@@ -154,14 +154,8 @@ class ModelStage:
     ) -> Callable[[Any], Any]:
         if isinstance(target, AdapterSpec):
             return self._load_adapter(model, target)
+        check_callable(f"model {model.name!r}", target, bool(args or kwargs))
         if not isinstance(target, type):
-            if args or kwargs:
-                raise ConfigError(
-                    f"model {model.name!r}: args/kwargs are constructor arguments, but "
-                    f"{target!r} is not a class."
-                )
-            if not callable(target):
-                raise ConfigError(f"model {model.name!r}: {target!r} is not callable.")
             return target  # type: ignore[no-any-return]
         try:
             instance = target(*args, **kwargs)
