@@ -164,6 +164,9 @@ def test_class_constructor_failure_is_a_model_error() -> None:
         def __init__(self) -> None:
             raise RuntimeError("weights missing")
 
+        def __call__(self, batch: Any) -> Any:
+            return batch
+
     with pytest.raises(
         ModelError, match=r"model 'm' failed to load: RuntimeError: weights missing"
     ):
