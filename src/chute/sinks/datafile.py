@@ -88,6 +88,7 @@ class DataFile:
         self._given_up = False
         self._held: list[pa.Table] = []
         """Parquet runs not yet written: fewer than a row group's worth so far."""
+        self._held_rows = self._held_bytes = 0
 
     def takes(self, table: pa.Table) -> bool:
         """Whether ``table``'s rows can follow those planned: the same columns and types, a
@@ -115,11 +116,9 @@ class DataFile:
                     self._encode(table)
             else:
                 self._held += tables
-                held = self._held
-                if (
-                    sum(t.num_rows for t in held) >= GROUP_ROWS
-                    or sum(t.nbytes for t in held) >= GROUP_BYTES
-                ):
+                self._held_rows += sum(t.num_rows for t in tables)
+                self._held_bytes += sum(t.nbytes for t in tables)
+                if self._held_rows >= GROUP_ROWS or self._held_bytes >= GROUP_BYTES:
                     self._write_held()
         self._records += records
         self._seconds += time.perf_counter() - began
@@ -210,6 +209,7 @@ class DataFile:
     def _write_held(self) -> None:
         """The held runs as one row group (or as many as they fill)."""
         held, self._held = self._held, []
+        self._held_rows = self._held_bytes = 0
         if len(held) > 1:
             self._encode(pa.concat_tables(held))
         elif held:

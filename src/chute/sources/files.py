@@ -716,7 +716,7 @@ def _whole_number_texts(fmt: str, name: str, opened: Callable[[], Any]) -> Itera
         return
     with opened() as stream:
         data = stream.read()
-    key = json.dumps(name).encode()
+    key = json.dumps(name, ensure_ascii=False).encode()  # as files write keys: raw UTF-8
     pattern = re.escape(key) + rb"\s*:\s*(-?[0-9]{16,})(?=\s*[,}])"
     for found in re.finditer(pattern, data):
         yield found.group(1).decode()

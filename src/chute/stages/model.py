@@ -182,8 +182,9 @@ class ModelStage:
         """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""
         started = time.perf_counter()
         missing = [c for c in self.inputs if c not in table.column_names]
-        if missing:  # the plan checks the input's columns; a preprocess step's are known now
-            have = ", ".join(c for c in table.column_names if not c.startswith("__chute"))
+        have = ", ".join(c for c in table.column_names if not c.startswith("__chute"))
+        if missing and have:  # the plan checks the input's columns; a step's are known now
+            # (a batch with none of the data's columns is chute's: a skipped unit's place)
             raise ColumnNotFoundError(
                 f"model {self.name!r} reads {', '.join(map(repr, missing))}, which the batch "
                 f"does not have (its columns: {have}): "

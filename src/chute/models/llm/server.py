@@ -367,8 +367,8 @@ def _answered(path: str, reply: Any) -> bool:
 
 
 def _count(value: Any) -> bool:
-    """Whether a usage count is one (or absent)."""
-    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+    """Whether a usage count is a number (or absent; some proxies send ``3.0``)."""
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 def _message(reply: Any) -> str | None:
