@@ -76,15 +76,15 @@ def check_code(job: JobSpec, remote: bool = False) -> str:
     """Import every ``fn:`` the job names by string; fail (or, for a remote cluster, warn)
     naming the model and the fix."""
     targets = [
-        (f"model {m.name!r}: fn {m.fn!r}", m.fn, bool(m.args or m.kwargs))
+        (f"model {m.name!r}: fn", m.fn, bool(m.args or m.kwargs))
         for m in job.models
         if isinstance(m.fn, str)
     ]
     if job.preprocess is not None and isinstance(job.preprocess.fn, str):
-        targets.append((f"preprocess: fn {job.preprocess.fn!r}", job.preprocess.fn, False))
+        targets.append(("preprocess: fn", job.preprocess.fn, False))
     for where, target, constructed in targets:
         try:
-            check_callable(where, import_string(target), constructed)
+            check_callable(f"{where} {target!r}", import_string(target), constructed)
         except ConfigError as exc:
             if not remote:
                 raise ConfigError(f"{where}: {exc}" if where not in str(exc) else str(exc)) from exc
