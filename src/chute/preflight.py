@@ -84,11 +84,15 @@ def check_code(job: JobSpec, remote: bool = False) -> str:
         targets.append(("preprocess: fn", job.preprocess.fn, False))
     for where, target, constructed in targets:
         try:
-            check_callable(f"{where} {target!r}", import_string(target), constructed)
+            try:
+                found = import_string(target)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from exc
+            check_callable(f"{where} {target!r}", found, constructed)  # its message names it
         except ConfigError as exc:
             if not remote:
-                raise ConfigError(f"{where}: {exc}" if where not in str(exc) else str(exc)) from exc
-            log.warning("%s: %s (the cluster may have it; it is not checked here)", where, exc)
+                raise
+            log.warning("%s (the cluster may have it; it is not checked here)", exc)
     return f"code imports: {', '.join(t for _, t, _ in targets)}" if targets else ""
 
 

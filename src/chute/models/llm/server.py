@@ -343,9 +343,9 @@ def retry_after(value: str | None) -> float | None:
 def _answered(path: str, reply: Any) -> bool:
     """Whether a 200's body is an answer of the shape read from it: choices (or an
     embedding) and usage, not an error page or a body of another shape."""
-    if not isinstance(reply, Mapping) or not isinstance(reply.get("usage") or {}, Mapping):
+    usage = (reply.get("usage") or {}) if isinstance(reply, Mapping) else None
+    if not isinstance(reply, Mapping) or not isinstance(usage, Mapping):
         return False
-    usage = reply.get("usage") or {}
     if not all(_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")):
         return False
     if path == EMBEDDINGS.removeprefix("/v1/"):
