@@ -283,3 +283,13 @@ def test_chute_plan_shows_the_start(tmp_path: Path) -> None:
     assert "1,024 to start (auto)" in text
     assert "tip: batch: auto: starts at 1,024 rows" in text
     assert "0.5–2 s of model time" in text
+
+
+def test_a_timed_out_size_shrinks_and_is_never_tried_again() -> None:
+    sizer = BatchSizer(1_024, TARGET.within(1.0))  # calls aim at 1/8 s
+    assert sizer.timed_out(1_024, 1.0)
+    assert sizer.rows == 128  # 1,024 rows took over 1 s: 1/8 of them
+    _settle(sizer, 1e-6, calls=50)  # then a cheap model: grows, but stays below 1,024
+    assert 128 < sizer.rows < 1_024
+    fixed = BatchSizer(1_024)
+    assert not fixed.timed_out(1_024, 1.0) and fixed.rows == 1_024  # a size given is kept

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -147,3 +148,73 @@ def test_a_null_list_is_that_rows_error_not_a_shift_of_every_later_row(tmp_path:
     got = pq.read_table(out).sort_by("id")
     assert got.column("id").to_pylist() == [0, 1, 2, 3, 4, 6, 7]
     assert got.column("m_s").to_pylist() == [4.0 * i + 1 for i in (0, 1, 2, 3, 4, 6, 7)]
+
+
+def _fails_below_ten(batch: pa.Table) -> dict[str, pa.Array]:
+    if pc.any(pc.less(batch["x"], 10)).as_py():
+        raise ValueError("x below 10")
+    return {"y": pc.add(batch["x"], 0.5)}
+
+
+def _halves(batch: pa.Table) -> dict[str, pa.Array]:
+    return {"z": pc.divide(batch["m1_y"], 2.0)}
+
+
+@pytest.mark.timeout(180)
+def test_a_batch_whose_rows_all_failed_in_one_model_is_left_alone_by_the_next(
+    engine: str, tmp_path: Path
+) -> None:
+    """``m2`` reads ``m1``'s output: a file whose every row fails in ``m1`` has none of it.
+    That stopped the job as a wrong ``inputs`` (exit 2) at every run."""
+    source = tmp_path / "in"
+    source.mkdir()
+    pq.write_table(pa.table({"x": np.arange(5, 105, dtype=np.int64)}), source / "a.parquet")
+    pq.write_table(pa.table({"x": np.arange(0, 5, dtype=np.int64)}), source / "b.parquet")
+    job = chute.Job(
+        source=chute.FileSource(str(source)),
+        models=(
+            Model("m1", _fails_below_ten, on_error="quarantine"),
+            Model("m2", _halves, inputs=["m1_y"]),
+        ),
+        carryover=("x",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine=engine,  # type: ignore[arg-type]
+        max_failed_fraction=0.5,
+    )
+    report = job.run()
+    assert (report.rows_out, report.rows_failed) == (95, 10)
+    got = pq.read_table(tmp_path / "out").sort_by("x")
+    assert got.column("x").to_pylist() == list(range(10, 105))
+    assert got.column("m2_z").to_pylist() == [(x + 0.5) / 2 for x in range(10, 105)]
+    errors = pq.read_table(tmp_path / "out" / "_errors")
+    assert sorted(errors.column("x").to_pylist()) == list(range(10))
+
+
+LOOKUP = np.arange(100, dtype=np.float64) * 3
+
+
+def _looks_up(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"v": LOOKUP[batch["k"]]}  # an index: a float64 batch (a null's) raises
+
+
+def test_a_null_in_an_integer_input_fails_its_row_only() -> None:
+    """A NumPy batch with a null integer is float64; the bisection's slices without the
+    null were cut from that one conversion, so the whole batch failed."""
+    keys = pa.array([i % 100 if i != 500 else None for i in range(N)], pa.int64())
+    table = tag(pa.table({"k": keys}), 0, 0, N)
+    stage = ModelStage(
+        Model("m", _looks_up, batch_format="numpy", on_error="quarantine"), ["k"], rows=N
+    )
+    out = stage(table)
+    assert _failed(out) == [500]
+    values = out.column("m_v").to_pylist()
+    assert values[499] == 3.0 * 99 and values[501] == 3.0 * 1 and values[500] is None
+
+
+def test_every_call_is_measured_when_every_batch_holds_a_failing_row() -> None:
+    """Calls whose batch held a bad row went unmeasured: the report said no call was made."""
+    model = Counting(set(range(0, N, 512)))
+    stage = ModelStage(Model("m", model, batch_format="numpy", on_error="quarantine"), ["x"])
+    stage(tag(pa.table({"x": np.arange(N, dtype=np.int64)}), 0, 0, N))
+    batching = stage.take_batching()
+    assert batching.calls > 0 and batching.rows is not None

@@ -233,3 +233,30 @@ def test_an_object_whose_hung_call_holds_it_fails_the_run_instead_of_failing_eve
     job = _job(data, tmp_path / "out", "local", Locked(), on_error="quarantine")
     with pytest.raises(chute.ModelError, match=r"timed out on \d+ calls in a row.*give the class"):
         job.run()
+
+
+class SlowPerRow:
+    """3 ms a row: 1,024 rows take 3 s, past a one-second timeout; 128 take 0.4 s."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        RELEASE.wait(0.003 * len(batch["id"]))
+        return {"score": batch["id"] * 2.0}
+
+
+@pytest.mark.timeout(60)
+def test_a_measured_batch_that_times_out_is_retried_smaller(tmp_path: Path) -> None:
+    """``batch_size: auto`` learned only from calls that answered: the 1,024-row start
+    timed out three times and the job failed, though smaller batches answer in time."""
+    pq.write_table(pa.table({"id": np.arange(3_000)}), tmp_path / "in.parquet")
+    model = chute.Model("m", SlowPerRow, inputs=("id",), batch_format="numpy", timeout=1.0)
+    job = chute.Job(
+        source=chute.FileSource(str(tmp_path / "in.parquet")),
+        models=(model,),
+        carryover=("id",),
+        output=chute.Sink(str(tmp_path / "out")),
+        engine="local",
+    )
+    report = job.run()
+    _check_predicted(tmp_path / "out", list(range(3_000)))
+    assert report.rows_failed == 0
+    assert report.stages["m"].batch_rows <= 1_024 // 4

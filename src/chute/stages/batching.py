@@ -152,6 +152,21 @@ class BatchSizer:
         self._cooling = GROW_AFTER_OOM
         self.rows = max(1, (rows + 1) // 2 if rows > 1 else 1, self._fitted)
 
+    def timed_out(self, rows: int, timeout: float | None) -> bool:
+        """A call of ``rows`` rows did not answer within ``timeout`` seconds: a measured
+        size shrinks to what the target asks of rows at least that slow, at least by half.
+        Says whether the next calls are smaller than ``rows``."""
+        if self.target is None or rows <= 1 or not timeout:
+            return False
+        wanted = max(1, min(rows // 2, int(self.target.aim * rows / timeout)))
+        self.ceiling = min(rows, self.ceiling or rows)  # never that size again, nor probed
+        self._probes = OOM_PROBES  # toward: a probe that hangs costs a timeout and a reload
+        if self._fitted >= rows:
+            self._fitted = 0
+        self._settled = False
+        self._resize(min(self.rows, wanted))
+        return self.rows < rows
+
     def _wanted(self, rows: int, seconds: float) -> int:
         """The size this call's measurement asks for, before the ceiling."""
         target = self.target

@@ -181,17 +181,19 @@ class ModelStage:
     def __call__(self, table: pa.Table) -> pa.Table:
         """Append this model's outputs; rows it raises on are failed (quarantine) or fatal."""
         started = time.perf_counter()
+        healthy = healthy_rows(table)
         missing = [c for c in self.inputs if c not in table.column_names]
         have = ", ".join(c for c in table.column_names if not c.startswith("__chute"))
-        if missing and have:  # the plan checks the input's columns; a step's are known now
-            # (a batch with none of the data's columns is chute's: a skipped unit's place)
+        if missing and have and (healthy is None or len(healthy)):
+            # the plan checks the input's columns; a step's are known now (a batch with
+            # none of the data's columns is chute's: a skipped unit's place; one whose rows
+            # all failed in an earlier model has none of that model's outputs)
             raise ColumnNotFoundError(
                 f"model {self.name!r} reads {', '.join(map(repr, missing))}, which the batch "
                 f"does not have (its columns: {have}): "
                 "neither the input nor the preprocess step makes it, nor a model listed "
                 "before this one. Fix the model's inputs, or make the column first."
             )
-        healthy = healthy_rows(table)
         view = table if healthy is None else table.filter(keep_mask(healthy, table.num_rows))
         pieces, failures = self._predict_isolating(view)
         positions = np.arange(view.num_rows) if healthy is None else healthy
@@ -304,8 +306,13 @@ class ModelStage:
         into its input cannot change a later call's rows); other formats as usual."""
         if self.batch_format != "numpy":
             return lambda lo, hi: None
+        inputs = self._model_view(view)
+        if any(column.null_count for column in inputs.columns):
+            # an integer column with a null is float64 in the slices that hold it only:
+            # which rows fail must not depend on where the null sits in the batch
+            return lambda lo, hi: None
         try:
-            whole = to_format(self._model_view(view), "numpy")
+            whole = to_format(inputs, "numpy")
         except DataError:  # a row no array can hold (a null list): each slice on its own
             return lambda lo, hi: None
         return lambda lo, hi: {name: array[lo:hi].copy() for name, array in whole.items()}
@@ -423,8 +430,11 @@ class ModelStage:
                 elif isinstance(exc, ModelError):
                     raise
                 elif isinstance(exc, BatchTimeout) and retries:
-                    retries -= 1
-                    pending.append((lo, hi, reports, after))  # the same rows, a fresh replica
+                    retries -= 1  # the same rows, a fresh replica; a measured size shrinks
+                    if reports < 0 and after < 0 and self.sizer.timed_out(hi - lo, self.timeout):
+                        pending += [(a, b, -1, -1) for a, b in self._chunks(lo, hi)]
+                    else:
+                        pending.append((lo, hi, reports, after))
                 elif isinstance(exc, BatchTimeout) and self.on_error == "fail":
                     raise self._timed_out(view, lo, hi) from exc
                 elif hi - lo > 1:
@@ -436,8 +446,9 @@ class ModelStage:
                 continue
             if reports >= 0:
                 lower_ok[reports] = True
-            elif after < 0:  # a whole call, not a bisection's half: the sizer learns from it
-                self.sizer.fitted(hi - lo, took, _nbytes(view, self.inputs, lo, hi, columns))
+            # every call that answered, a bisection's halves too (a job whose every batch
+            # holds a failing row is measured all the same)
+            self.sizer.fitted(hi - lo, took, _nbytes(view, self.inputs, lo, hi, columns))
             failures += self._marked(view, lo, columns)
             if pending:  # more calls before the pieces are joined: their arrays, Arrow's
                 # wrapping of the model's own (no copy), would be overwritten by a model
