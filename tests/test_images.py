@@ -409,7 +409,7 @@ def test_images_in_a_bucket(
     report = job_from_dict(spec).run()
     out = pd.read_parquet(tmp_path / "out").sort_values("path")
     assert report.rows_out == 40
-    assert [p.rsplit("/", 1)[1] for p in out.path] == [p.name for p in files]
+    assert list(out.path) == [f"s3://bucket/imgs/{p.name}" for p in files]  # as addressed
     for name, mean in zip(out.path, out.b_mean, strict=True):
         local = tmp_path / "local" / name.rsplit("/", 1)[1]
         assert mean == pytest.approx(_pillow(str(local), size=(20, 20)).astype(np.float64).mean())
@@ -564,3 +564,28 @@ def test_an_image_rewritten_in_a_bucket_after_planning_fails_its_unit(
     assert shipped.read(units[0], None).num_rows == 3
     with pytest.raises(chute.DataError, match=r"img0004\.jpg' was modified after the job was"):
         shipped.read(units[1], None)
+
+
+def test_a_folder_whose_name_looks_like_a_glob_is_read_as_named(tmp_path: Path) -> None:
+    """``shots[raw]/`` was the pattern ``shots`` + one of ``r``, ``a``, ``w``: "matches no
+    files"; ``q?.png`` matched ``qa.png`` too, an extra row."""
+    _write(tmp_path / "shots[raw]", 3)
+    assert len(ImageSource(str(tmp_path / "shots[raw]")).files()) == 3
+    for name in ("q?.png", "qa.png"):
+        Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(tmp_path / name)
+    assert ImageSource(str(tmp_path / "q?.png")).files() == [str(tmp_path / "q?.png")]
+
+
+def test_an_image_column_sent_to_csv_is_refused_before_any_compute(
+    images: Path, tmp_path: Path
+) -> None:
+    """Arrow's tensor type is not a ``pa.ExtensionType``: the plan let it through, the
+    model ran, and the writer failed with Arrow's message (exit 3)."""
+    spec = {
+        "input": {"path": str(images), "format": "images"},
+        "models": [{"name": "b", "fn": f"{__name__}:Brightness", "inputs": ["image"]}],
+        "carryover": ["path", "image"],
+        "output": {"path": str(tmp_path / "out"), "format": "csv"},
+    }
+    with pytest.raises(chute.ConfigError, match=r"'image'.*CSV|CSV.*'image'"):
+        build_plan(job_from_dict(spec))

@@ -97,6 +97,19 @@ def test_glob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -
     assert [u.rows for u in source.plan()] == [1, 2]
 
 
+def test_a_file_whose_name_looks_like_a_glob_is_read_as_named(tmp_path: Path) -> None:
+    """``day[1].parquet`` was the pattern matching ``day1.parquet``: another file's rows,
+    and the run "complete"."""
+    _parquet(tmp_path / "day[1].parquet", 2)
+    _parquet(tmp_path / "day1.parquet", 3)
+    assert FileSource(str(tmp_path / "day[1].parquet")).files() == [
+        str(tmp_path / "day[1].parquet")
+    ]
+    assert FileSource(str(tmp_path / "day[0-9].parquet")).files() == [
+        str(tmp_path / "day1.parquet")
+    ]
+
+
 def test_a_glob_matches_within_a_folder_and_never_a_hidden_name(tmp_path: Path) -> None:
     """``*`` stays within a folder and never matches a leading ``.`` or ``_`` (a Spark
     job's ``_temporary/`` attempts, chute's ``_errors/``, editors' dot files): before, all

@@ -207,8 +207,9 @@ def _print_sample(report: Report, limit: int) -> None:
     console.print(table)
     if report.rows_failed:  # quarantined, and --limit writes no errors dataset to look in
         console.print(
-            f"{report.rows_failed:,} of the rows tried failed (on_error: quarantine): they "
-            "are not among these. A run without --limit writes them, with why, to _errors/."
+            f"{report.rows_failed:,} of the rows tried failed (set aside by on_error: "
+            "quarantine or on_bad_input: skip): they are not among these. A run without "
+            "--limit writes them, with why, to _errors/."
         )
     console.print("Run without --limit for the full job.")
 

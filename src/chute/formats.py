@@ -34,7 +34,7 @@ NULL = "null"
 
 def nested(kind: pa.DataType) -> bool:
     """Whether a column of ``kind`` holds lists, tensors, structs or maps."""
-    if isinstance(kind, pa.ExtensionType):
+    if isinstance(kind, pa.BaseExtensionType):
         return nested(kind.storage_type)
     return bool(pa.types.is_nested(kind))
 
@@ -42,7 +42,7 @@ def nested(kind: pa.DataType) -> bool:
 def binary(kind: pa.DataType) -> bool:
     """Whether a column of ``kind`` holds bytes (binary of any width, or a dictionary of
     them)."""
-    if isinstance(kind, pa.ExtensionType):
+    if isinstance(kind, pa.BaseExtensionType):
         return binary(kind.storage_type)
     if pa.types.is_dictionary(kind):
         return binary(kind.value_type)
@@ -192,7 +192,7 @@ def _concatenated(rows: pa.Array) -> bytes:
 def _json_values(array: pa.Array) -> pa.Array:
     """One JSON text per value (``null`` for missing ones), as a string array."""
     kind = array.type
-    if isinstance(kind, pa.ExtensionType):
+    if isinstance(kind, pa.BaseExtensionType):
         array, kind = array.storage, kind.storage_type
     if pa.types.is_dictionary(kind):
         return _json_values(array.dictionary_decode())

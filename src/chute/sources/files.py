@@ -46,6 +46,7 @@ from chute.storage import (
     StorageOptions,
     check,
     is_local,
+    is_remote,
     open_input_file,
     parquet_metadata,
     permanent,
@@ -67,6 +68,18 @@ def _filesystem(path: str, storage: StorageOptions | None = None) -> tuple[pafs.
 
 def has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
+
+
+def is_glob(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether ``path`` is a pattern: it holds ``*``, ``?`` or ``[`` and names nothing
+    that exists. A file or folder named so is read as named (``day[1].parquet`` was the
+    pattern matching ``day1.parquet``: another file's rows, and the run "complete")."""
+    if not has_glob(path):
+        return False
+    try:
+        return fs.get_file_info(path).type == pafs.FileType.NotFound
+    except OSError:
+        return True
 
 
 def _list_files(
@@ -100,7 +113,7 @@ def _listing(
 ) -> list[pafs.FileInfo]:
     """A folder's files leave out hidden ones (:func:`_hidden`) and, unless
     ``keep_empty``, 0-byte ones."""
-    if has_glob(path):
+    if is_glob(fs, path):
         base = path[: min(path.find(ch) for ch in "*?[" if ch in path)].rsplit("/", 1)[0]
         if fs.get_file_info(base or "/").type == pafs.FileType.NotFound:
             folder = original[: len(original) - (len(path) - len(base))] if base else "/"
@@ -259,7 +272,7 @@ def _near(fs: pafs.FileSystem, path: str, original: str) -> str:
 
 def _empty_files(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
     """The 0-byte files of a directory (what :func:`_listing` leaves out)."""
-    if has_glob(path) or fs.get_file_info(path).type != pafs.FileType.Directory:
+    if fs.get_file_info(path).type != pafs.FileType.Directory:  # a file, or a glob
         return []
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     return [i for i in infos if i.is_file and not i.size and not _hidden(i.path[len(path) :])]
@@ -818,6 +831,12 @@ class FileSource:
             self._fs = _filesystem(self.paths[0], self.storage)[0]
         return self._fs
 
+    def uri(self, path: str) -> str:
+        """A listed file as a user addresses it: ``s3://bucket/key`` where the
+        filesystem's own path is ``bucket/key``; a local path as it is."""
+        first = self.paths[0]
+        return first[: first.index("://") + 3] + path if is_remote(first) else path
+
     def files(self) -> list[str]:
         """Every input file, sorted; listed once."""
         if self._files is None:
@@ -1083,8 +1102,9 @@ class FileSource:
                 return f"the input file {path!r} is inside the output {root!r}"
         part = f"{out}/{part_name}"
         for original in self.paths if self.READS_PARTS else ():
-            given = real(_filesystem(original, self.storage)[1])
-            if has_glob(given):
+            fs, given = _filesystem(original, self.storage)
+            globbed, given = is_glob(fs, given), real(given)
+            if globbed:
                 if _glob(given).fullmatch(part):
                     return f"the input glob {original!r} matches the output's files ({part})"
             elif out.startswith(given + "/") and not _hidden(out[len(given) :]):

@@ -44,7 +44,7 @@ import pyarrow as pa
 from chute.errors import ChuteError, ConfigError, DataError
 from chute.retry import retrying
 from chute.sources.base import FORMATS, Unit, UnreadableRows, unreadable
-from chute.sources.files import FileSource, has_glob
+from chute.sources.files import FileSource, is_glob
 from chute.storage import resolve
 
 if TYPE_CHECKING:
@@ -144,13 +144,18 @@ class ImageSource(FileSource):
         state = {**super().__getstate__(), "options": self.options, "_shape": self._shape}
         return {**state, "_files": None, "_stamps": {}}
 
+    def _named(self, given: str) -> str | None:
+        """The file a path names on its own (not a glob's), as listed."""
+        fs, path = resolve(given, self.storage)
+        return None if is_glob(fs, path) else path
+
     def files(self) -> list[str]:
         """The image files, sorted; other files in a folder or matched by a glob are left
         out, a file named on its own that is not JPEG or PNG is refused (it was dropped
         without a word: a ``.webp`` in a list of three left two rows)."""
         if self._files is None:
             listed = super().files()
-            named = {resolve(p, self.storage)[1] for p in self.paths if not has_glob(p)}
+            named = {path for path in map(self._named, self.paths) if path is not None}
             other = [f for f in listed if f in named and not is_image(f)]
             if other:
                 raise DataError(
@@ -269,7 +274,8 @@ class ImageSource(FileSource):
                 image.storage.values, image.storage.type.list_size, mask=pa.array(mask)
             )
             image = pa.ExtensionArray.from_storage(image.type, storage)
-        table = pa.table({PATH: pa.array(files, pa.string()), IMAGE: image})
+        paths = pa.array([self.uri(f) for f in files], pa.string())  # s3://…, as given
+        table = pa.table({PATH: paths, IMAGE: image})
         return (
             table
             if columns is None

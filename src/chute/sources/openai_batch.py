@@ -69,7 +69,7 @@ Request = tuple[str, str | None, str | None, int]
 def input_files(paths: Sequence[str], storage: StorageOptions | None = None) -> list[str]:
     """The files the paths name: a file as it is; a folder's or a glob's files, listed as
     any input is (sorted, hidden ones left out)."""
-    from chute.sources.files import FileSource, has_glob  # a source beside this one
+    from chute.sources.files import FileSource, is_glob  # a source beside this one
 
     files: list[str] = []
     for path in paths:
@@ -78,7 +78,7 @@ def input_files(paths: Sequence[str], storage: StorageOptions | None = None) -> 
             folder = fs.get_file_info(where).type == pafs.FileType.Directory
         except OSError:
             folder = False  # read as a file: its error names it
-        if not (folder or has_glob(where)):
+        if not (folder or is_glob(fs, where)):
             files.append(path)
             continue
         scheme = path[: path.index("://") + 3] if "://" in path else ""

@@ -412,7 +412,7 @@ def check_not_null(
 def _inner_not_null(kind: pa.DataType) -> bool:
     """Whether a value inside ``kind`` (a list's element, a struct's or map's field) is
     NOT NULL."""
-    if isinstance(kind, pa.ExtensionType):
+    if isinstance(kind, pa.BaseExtensionType):
         kind = kind.storage_type
     if pa.types.is_struct(kind):
         inner = [kind.field(i) for i in range(kind.num_fields)]
