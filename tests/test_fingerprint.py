@@ -212,6 +212,17 @@ def test_changes_name_each_model_field() -> None:
     assert describe_changes(before, after) == "models[0].kwargs, models[1].inputs, x"
 
 
+def test_a_model_added_or_removed_is_named_not_its_unchanged_file() -> None:
+    """Adding ``n`` read ``changed: models[1].fn (cls.py), models``: as if cls.py changed."""
+    one = {"models": [{"name": "m"}], "code": {"models[0].fn": {"cls.py": "1"}}}
+    two = {
+        "models": [{"name": "m"}, {"name": "n"}],
+        "code": {"models[0].fn": {"cls.py": "1"}, "models[1].fn": {"cls.py": "1"}},
+    }
+    assert describe_changes(one, two) == "models (1 added: n)"
+    assert describe_changes(two, one) == "models (1 removed: n)"
+
+
 def _doubles(batch: dict[str, object]) -> dict[str, object]:
     return {"m": batch["x"]}
 

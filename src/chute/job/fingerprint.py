@@ -83,7 +83,7 @@ def _legacy(description: Mapping[str, Any]) -> str:
 def _code_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``models[0].fn (model.py, helpers.py)``: each part whose source files differ."""
     changes = []
-    for part in sorted(set(old) | set(new)):
+    for part in sorted(set(old) & set(new)):  # one on one side only: a model added or removed
         files_old, files_new = old.get(part) or {}, new.get(part) or {}
         files = sorted(f for f in {*files_old, *files_new} if files_old.get(f) != files_new.get(f))
         if files:
@@ -117,8 +117,19 @@ def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
     """``models[1].kwargs``: each field of each model that differs."""
-    if len(old) != len(new) or not all(isinstance(m, Mapping) for m in [*old, *new]):
+    if not all(isinstance(m, Mapping) for m in [*old, *new]):
         return ["models"]
+    if len(old) != len(new):  # ``models (1 added: n)``
+        was, now = [m.get("name") for m in old], [m.get("name") for m in new]
+        said = [
+            f"{len(names):,} {kind}: {', '.join(map(str, names))}"
+            for kind, names in (
+                ("added", [n for n in now if n not in was]),
+                ("removed", [n for n in was if n not in now]),
+            )
+            if names
+        ]
+        return [f"models ({'; '.join(said)})" if said else "models"]
     return [
         f"models[{i}].{field}" + (_held(a.get(field), b.get(field)) if field == "state" else "")
         for i, (a, b) in enumerate(zip(old, new, strict=True))
