@@ -314,3 +314,27 @@ def test_a_folder_the_mount_cannot_flush_is_no_error_but_a_file_that_fails_is(
     with pytest.raises(OSError, match="Input/output error"):
         put(fs, str(tmp_path / "bad.json"), b"{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.json"]
+
+
+class KeepsFiles(pafs.FSSpecHandler):
+    """An in-memory filesystem that refuses to delete a file (another owner's file in a
+    sticky folder; a bucket policy without delete)."""
+
+    def __init__(self) -> None:
+        super().__init__(fsspec.filesystem("memory"))
+
+    def delete_file(self, path: str) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+
+def test_an_orphan_part_that_cannot_be_removed_is_a_named_error() -> None:
+    """A resume that found a part no ledger line names, and could not delete it, ended
+    in a traceback (exit 1)."""
+    from chute.ledger import Ledger
+
+    fs = pafs.PyFileSystem(KeepsFiles())
+    orphan = "/out/part-000009-0000000000-0badc0de.parquet"
+    put(fs, orphan, b"rows a killed run wrote")
+    with pytest.raises(ConfigError, match=f"^operation not permitted writing {orphan}: "):
+        Ledger(fs, "/out", objects=False).reconcile()
+    assert fs.get_file_info(orphan).size == len(b"rows a killed run wrote")

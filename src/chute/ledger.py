@@ -70,6 +70,7 @@ from chute.storage import (
     read,
     redact,
     synced,
+    writing,
 )
 
 PART_NAME = re.compile(r"part-\d{6,}-\d{10,}-[0-9a-f]{8}\.(?:parquet|csv|jsonl)")
@@ -550,8 +551,8 @@ class Ledger:
         return retrying(lambda: self.fs.get_file_info(selector), f"listing {path}")
 
     def _delete(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):  # gone already (a retried delete)
-            self.fs.delete_file(path)
+        with writing(path), contextlib.suppress(FileNotFoundError):  # gone already (a
+            self.fs.delete_file(path)  # retried delete); one refused: named, exit 2
 
     def finished(self) -> bool:
         """Whether the success marker is there: the last run finished the output and nothing
