@@ -270,6 +270,21 @@ def test_a_changed_input_is_described_file_by_file() -> None:
     assert describe_changes({"source": {"kind": "memory"}}, {"source": {"kind": "x"}}) == "source"
 
 
+def test_an_input_folder_moved_is_said_so() -> None:
+    """A moved project read "30 files added: f000.csv, ...; 30 files removed: f000.csv, ..."."""
+    files = [[f"/p/data/{name}", 100, 1] for name in ("a.csv", "b.csv", "sub/c.csv")]
+    moved = [[f"/q/data/{path[len('/p/data/') :]}", *rest] for path, *rest in files]
+    said = describe_changes({"source": {"files": files}}, {"source": {"files": moved}})
+    assert said == (
+        "source (the input moved from /p/data to /q/data: a job's files are named by where "
+        "they are)"
+    )
+    one = [["/p/a.csv", 1, 1]], [["/q/a.csv", 1, 1]]
+    assert "moved from /p to /q" in describe_changes(
+        {"source": {"files": one[0]}}, {"source": {"files": one[1]}}
+    )
+
+
 def _double(batch: dict[str, object]) -> dict[str, object]:
     return {"y": batch["x"]}
 

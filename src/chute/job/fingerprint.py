@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import marshal
+import os
 import re
 import types
 from collections.abc import Mapping
@@ -104,6 +105,9 @@ def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         "removed": sorted(set(was) - set(now)),
         "changed": sorted(f for f in set(was) & set(now) if was[f] != now[f]),
     }
+    moved = _moved(kinds["removed"], kinds["added"])
+    if moved:  # the same files under another folder: say so, not "added" and "removed"
+        kinds["added"] = kinds["removed"] = []
     said = [
         f"{len(files):,} file{'s' * (len(files) != 1)} {kind}: "
         + ", ".join(f.rsplit("/", 1)[-1] for f in files[:3])
@@ -112,7 +116,22 @@ def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         if files
     ]
     rest = sorted(k for k in set(old) | set(new) if k != "files" and old.get(k) != new.get(k))
+    said = [moved] if moved else said
     return f"source ({'; '.join(said + rest)})" if said or rest else "source"
+
+
+def _moved(removed: list[str], added: list[str]) -> str:
+    """``the input moved from /a/data to /b/data``: where every file is another folder's
+    file of the same name below it (a project folder moved or mounted elsewhere)."""
+    if not removed or len(removed) != len(added):
+        return ""
+    was, now = os.path.commonpath(removed), os.path.commonpath(added)
+    if len(removed) == 1:
+        was, now = os.path.dirname(removed[0]), os.path.dirname(added[0])
+    if was == now or [r[len(was) :] for r in removed] != [a[len(now) :] for a in added]:
+        return ""
+    return f"the input moved from {was} to {now}: a job's files are named by where they are"
+
 
 
 def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
