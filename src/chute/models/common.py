@@ -286,6 +286,18 @@ def check_choice(kind: str, option: str, value: Any, choices: Sequence[str]) -> 
     return str(value)
 
 
+def check_counts(kind: str, options: Mapping[str, Any], names: Sequence[str]) -> None:
+    """Options that count something (``batch_size``, ``max_length``): whole numbers of at
+    least one (``batch_size: -1`` made no forward pass: a run of rows without outputs)."""
+    for name in names:
+        value = options.get(name)
+        if value is not None and (type(value) is not int or value < 1):
+            raise ConfigError(
+                f"model type {kind!r}: {name} {value!r} is not a whole number of at least 1. "
+                f"Give one (say {name}: 32), or leave it out for the default."
+            )
+
+
 def squeeze_columns(values: np.ndarray) -> np.ndarray:
     """A tensor output as a column: ``(n, 1)`` → ``(n,)``, ``(n, a, b, ...)`` → ``(n, a*b*...)``."""
     values = np.asarray(values)

@@ -8,7 +8,8 @@ post-processing, so each output equals the pipeline's on the same rows:
 =====================  ============================================================
 task                   outputs (prefixed ``<model>_``)
 =====================  ============================================================
-text-classification    ``label`` (string, ``config.id2label``), ``score`` (float32)
+text-classification    ``label`` (string, ``config.id2label``), ``score`` (float32; a
+                       regression head's raw score)
 token-classification   ``entities``: a list of structs per row, ``entity``, ``score``,
                        ``index``, ``word``, ``start``, ``end`` — the pipeline's
                        ``aggregation_strategy="none"`` output, ``O`` tokens left out
@@ -44,11 +45,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chute.artifacts import local_path
 from chute.errors import ConfigError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext, prepared_columns, unprepared
-from chute.models.common import rename, text_column
+from chute.models.common import check_choice, check_counts, rename, text_column
 from chute.models.sbert import LOADING, offline_hub
 from chute.models.torchmodel import DTYPES, check_options, fixed_size_list, pad_lists
 
@@ -70,6 +72,8 @@ OPTIONS = (
     "generate",
     "outputs",
 )
+POOLINGS = ("mean", "cls")
+
 MODEL_CLASSES = {
     "text-classification": "AutoModelForSequenceClassification",
     "token-classification": "AutoModelForTokenClassification",
@@ -229,6 +233,9 @@ class TransformersAdapter(Adapter):
         super().check(options)
         check_options(cls.kind, options, OPTIONS)
         check_task(options)
+        check_counts(cls.kind, options, ("batch_size", "max_length", "max_new_tokens"))
+        if "pooling" in options:
+            check_choice(cls.kind, "pooling", options["pooling"], POOLINGS)
 
     @classmethod
     def preparer(cls, model: str, options: Mapping[str, Any]) -> Callable[[pa.Table], Any]:
@@ -259,7 +266,16 @@ class TransformersAdapter(Adapter):
             pixels = _stacked(chunk["pixel_values"])
             logits = self.model(pixel_values=self._tensor(pixels, float_=True)).logits
             return self._classes(logits)
-        ids, mask = pad_lists(chunk["input_ids"], self._pad_id())
+        pad = getattr(self.processor, "pad_token_id", None)
+        if pad is None and len(set(pc.list_value_length(chunk["input_ids"]).to_pylist())) > 1:
+            # no pad token: a filler id is a real token (a decoder's classifier reads the
+            # row's last one by the config's pad id), so each row alone, as the pipeline does
+            parts = [
+                self._forward({k: v.slice(i, 1) for k, v in chunk.items()})
+                for i in range(len(chunk["input_ids"]))
+            ]
+            return {k: pa.concat_arrays([part[k] for part in parts]) for k in parts[0]}
+        ids, mask = pad_lists(chunk["input_ids"], 0 if pad is None else int(pad))
         inputs = {"input_ids": self._tensor(ids), "attention_mask": self._tensor(mask)}
         if "token_type_ids" in chunk:
             inputs["token_type_ids"] = self._tensor(pad_lists(chunk["token_type_ids"], 0)[0])
@@ -277,15 +293,13 @@ class TransformersAdapter(Adapter):
         tensor = tensor.to(self.device)
         return tensor.to(self.model.dtype) if float_ else tensor
 
-    def _pad_id(self) -> int:
-        pad = getattr(self.processor, "pad_token_id", None)
-        return int(pad) if pad is not None else 0
-
     def _classes(self, logits: Any) -> dict[str, pa.Array]:
         """Top class and its probability, as the pipeline scores them."""
         scores = logits.float().cpu().numpy()
         config = self.model.config
-        if config.num_labels == 1 or config.problem_type == "multi_label_classification":
+        if config.problem_type == "regression":  # the pipeline's order: the raw score
+            probs = scores
+        elif config.num_labels == 1 or config.problem_type == "multi_label_classification":
             probs = 1.0 / (1.0 + np.exp(-scores))
         else:
             shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))

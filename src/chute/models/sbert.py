@@ -35,12 +35,17 @@ import pyarrow as pa
 from chute.artifacts import local_path
 from chute.errors import ConfigError
 from chute.models.base import PREPARED, Adapter, ReplicaContext, prepared_columns
-from chute.models.common import rename, renamed, text_column
+from chute.models.common import check_counts, rename, renamed, text_column
 from chute.models.torchmodel import check_options, fixed_size_list, pad_lists
 
 log = logging.getLogger(__name__)
 CHECKED_ROWS = 64
 """Rows of its first prepared batch that a replica tokenizes again itself, to compare."""
+PROBES = (" a leading space", "a trailing space ", "\ttabs\tand  two  spaces\n", "ΟΔΟΣ", "İSTANBUL")
+"""Texts a replica also compares on, whatever its first rows hold: where tokenizing has
+changed between sentence-transformers releases (edges stripped or kept, Python's or the
+tokenizer's lowercasing of a final Σ). A step that differed only on rows past the first
+64 embedded them wrongly without a word."""
 
 
 LOADING = threading.RLock()
@@ -99,7 +104,7 @@ class Tokenize:
         if found is None:
             return {}
         tokenizer, length, lower = found
-        texts = [t.strip() for t in text_column(batch, self.model)]
+        texts = text_column(batch, self.model)  # as given: sentence-transformers 6 keeps edges
         encoded = tokenizer(
             [t.lower() for t in texts] if lower else texts,
             truncation="longest_first",
@@ -123,6 +128,7 @@ class SentenceTransformersAdapter(Adapter):
         """Known options and a ``path`` (before anything loads)."""
         super().check(options)
         check_options(cls.kind, options, ("path", "normalize", "batch_size", "outputs"))
+        check_counts(cls.kind, options, ("batch_size",))
 
     @classmethod
     def list_outputs(cls, options: Mapping[str, Any]) -> list[str]:
@@ -176,14 +182,20 @@ class SentenceTransformersAdapter(Adapter):
         """Once per replica: the step's token ids of the first rows are the model's own."""
         if self.tokens_match is None:
             rows = min(len(texts), CHECKED_ROWS)
+            step = Tokenize(self.context.model, self.options)(pa.table({"text": PROBES}))
+            columns = {
+                key: pa.concat_arrays([columns[key].slice(0, rows), step[key]])
+                for key in columns
+                if key in step
+            }
             preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize
-            own = preprocess(texts[:rows])
+            own = preprocess([*texts[:rows], *PROBES])
             mask = own["attention_mask"].bool()
             keys = {"input_ids", "token_type_ids"} & (set(own) | set(columns))
             same = all(key in own and key in columns for key in keys) and all(
                 own[key][i][mask[i]].tolist() == columns[key][i].as_py()
                 for key in keys
-                for i in range(rows)
+                for i in range(rows + len(PROBES))
             )
             self.tokens_match = bool(same)
             if not same:
