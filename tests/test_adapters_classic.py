@@ -749,6 +749,30 @@ def test_keras_two_inputs_from_feeds_and_two_outputs(data: dict[str, Any], tmp_p
     np.testing.assert_allclose(lists(frame["m_emb"]), np.asarray(emb), atol=1e-5)
 
 
+def test_keras_dict_inputs_and_integer_ids_as_the_model_takes_them(tmp_path: Path) -> None:
+    """A model of named inputs failed every batch (given a list); int64 ids went through
+    float32, so 16,777,217 reached the model as 16,777,216."""
+    from chute.models.keras import import_keras
+
+    keras = import_keras()
+
+    @keras.saving.register_keras_serializable(package="chute_tests")
+    class Modulo(keras.layers.Layer):  # type: ignore[misc]
+        def call(self, x: Any) -> Any:
+            return keras.ops.cast(x % 1_000, "float32")  # exact on int64, not on float32
+
+    ids = keras.Input((1,), name="ids", dtype="int64")
+    scale = keras.Input((1,), name="scale")
+    out = keras.layers.Multiply()([Modulo()(ids), scale])
+    model = keras.Model(inputs={"scale": scale, "ids": ids}, outputs=out)
+    model.save(tmp_path / "named.keras")
+    values = np.array([16_777_217, 16_777_219, 123_456_789, 5, 1_099_511_627_777])
+    table = pa.table({"id": values, "s": np.full(len(values), 2.0)})
+    spec = adapter("keras", path=str(tmp_path / "named.keras"), feeds={"ids": "id", "scale": "s"})
+    frame = chute.predict(table, Model("m", spec, inputs=["id", "s"]), engine="local")
+    assert frame["m_value"].tolist() == [2.0 * (v % 1_000) for v in values]
+
+
 # --- job files, validation, fingerprints --------------------------------------------------------
 
 

@@ -9,9 +9,11 @@ an installed backend: TensorFlow, else JAX, else PyTorch, so a Keras model runs 
 ``torch`` installed, no TensorFlow. Models load with Keras' ``safe_mode`` (no Python code
 from ``Lambda`` layers); ``trust_pickle: true`` turns it off.
 
-Inputs: a single-input model gets the input columns side by side as float32, reshaped to
-the model's static input shape; a model with several inputs gets the columns named like
-its inputs, or what ``feeds`` maps: ``feeds: {image: pixels, meta: [age, size]}``.
+Inputs: a single-input model gets the input columns side by side, reshaped to the model's
+static input shape, as the input's type (integers as they are, checked to fit; floats as
+float32, or float64 where the input is); a model with several inputs (a list, or a dict
+of named inputs) gets the columns named like its inputs, or what ``feeds`` maps:
+``feeds: {image: pixels, meta: [age, size]}``.
 
 Outputs: one output is ``value`` (a plain column when it has one unit, else a float32
 list); with ``head: classifier`` the output is read as class probabilities and gives
@@ -73,7 +75,11 @@ class KerasAdapter(FileAdapter):
         self.threshold = check_threshold(self.options.get("threshold"))
         feeds = dict(self.options.get("feeds") or {})
         self.feeds = {k: [v] if isinstance(v, str) else list(v) for k, v in feeds.items()}
-        self.input_shapes = {t.name: tuple(t.shape) for t in self.model.inputs}
+        structure = getattr(self.model, "input", None)
+        self.named = isinstance(structure, Mapping)  # keras.Model(inputs={"a": ..., "b": ...})
+        tensors = structure.items() if self.named else [(t.name, t) for t in self.model.inputs]
+        self.input_shapes = {str(name): tuple(t.shape) for name, t in tensors}
+        self.input_dtypes = {str(name): _input_dtype(t.dtype) for name, t in tensors}
 
     def predict(self, batch: pa.Table) -> dict[str, Any]:
         out = self.model.predict_on_batch(self._inputs(batch))
@@ -88,10 +94,10 @@ class KerasAdapter(FileAdapter):
         return {"value": float32_rows(np.asarray(out))}
 
     def _inputs(self, batch: pa.Table) -> Any:
-        if len(self.input_shapes) == 1 and not self.feeds:
-            (shape,) = self.input_shapes.values()
-            return _shaped(feature_matrix(batch, np.float32), shape)
-        tensors = []
+        if len(self.input_shapes) == 1 and not self.feeds and not self.named:
+            ((name, shape),) = self.input_shapes.items()
+            return _shaped(feature_matrix(batch, self.input_dtypes[name]), shape)
+        tensors = {}
         for name, shape in self.input_shapes.items():
             columns = self.feeds.get(name, [name])
             missing = [c for c in columns if c not in batch.column_names]
@@ -100,8 +106,21 @@ class KerasAdapter(FileAdapter):
                     f"Keras input {name!r} needs column(s) {missing}, not among the model's "
                     f"inputs ({', '.join(batch.column_names)}): add them or map it with feeds."
                 )
-            tensors.append(_shaped(feature_matrix(batch.select(columns), np.float32), shape))
-        return tensors
+            matrix = feature_matrix(batch.select(columns), self.input_dtypes[name])
+            tensors[name] = _shaped(matrix, shape)
+        return tensors if self.named else list(tensors.values())
+
+
+def _input_dtype(kind: Any) -> np.dtype[Any]:
+    """The NumPy type a model input takes: its integers as they are (ids past 2**24 were
+    rounded through float32), float64 where it asks for it, else float32."""
+    try:
+        dtype = np.dtype(str(kind))
+    except TypeError:  # bfloat16, string: float32, as before
+        return np.dtype(np.float32)
+    if dtype.kind in "iub" or dtype == np.float64:
+        return dtype
+    return np.dtype(np.float32)
 
 
 def _shaped(matrix: np.ndarray, shape: tuple[Any, ...]) -> np.ndarray:
