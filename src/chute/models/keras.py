@@ -77,7 +77,11 @@ class KerasAdapter(FileAdapter):
         self.feeds = {k: [v] if isinstance(v, str) else list(v) for k, v in feeds.items()}
         structure = getattr(self.model, "input", None)
         self.named = isinstance(structure, Mapping)  # keras.Model(inputs={"a": ..., "b": ...})
-        tensors = structure.items() if self.named else [(t.name, t) for t in self.model.inputs]
+        tensors = (
+            list(structure.items())
+            if isinstance(structure, Mapping)
+            else [(t.name, t) for t in self.model.inputs]
+        )
         self.input_shapes = {str(name): tuple(t.shape) for name, t in tensors}
         self.input_dtypes = {str(name): _input_dtype(t.dtype) for name, t in tensors}
 

@@ -77,7 +77,7 @@ def is_glob(fs: pafs.FileSystem, path: str) -> bool:
     if not has_glob(path):
         return False
     try:
-        return fs.get_file_info(path).type == pafs.FileType.NotFound
+        return bool(fs.get_file_info(path).type == pafs.FileType.NotFound)
     except OSError:
         return True
 
