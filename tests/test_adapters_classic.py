@@ -771,6 +771,11 @@ def test_keras_dict_inputs_and_integer_ids_as_the_model_takes_them(tmp_path: Pat
     spec = adapter("keras", path=str(tmp_path / "named.keras"), feeds={"ids": "id", "scale": "s"})
     frame = chute.predict(table, Model("m", spec, inputs=["id", "s"]), engine="local")
     assert frame["m_value"].tolist() == [2.0 * (v % 1_000) for v in values]
+    one = keras.Input((2,), name="features")  # one named input: the columns side by side
+    keras.Model({"features": one}, keras.layers.Dense(1)(one)).save(tmp_path / "one.keras")
+    spec = adapter("keras", path=str(tmp_path / "one.keras"))
+    two = chute.predict(table, Model("m", spec, inputs=["id", "s"]), engine="local")
+    assert len(two) == len(values) and two["m_value"].notna().all()
 
 
 # --- job files, validation, fingerprints --------------------------------------------------------

@@ -411,6 +411,8 @@ def test_a_tokenizer_without_a_pad_token_gives_each_row_its_own_answer(
         ({"batch_size": "auto"}, "batch_size 'auto' is not a whole number"),
         ({"max_length": 0}, "max_length 0 is not a whole number"),
         ({"pooling": "max"}, "pooling 'max' is not one of mean, cls"),
+        ({"batch_size": True}, "batch_size True is not a whole number"),
+        ({"batch_size": 32.5}, "batch_size 32.5 is not a whole number"),
     ],
 )
 def test_bad_option_values_are_refused_before_loading(option: dict[str, Any], message: str) -> None:
@@ -425,6 +427,8 @@ def test_bad_option_values_are_refused_before_loading(option: dict[str, Any], me
     if "batch_size" in option:
         with pytest.raises(chute.ConfigError, match=message):
             SentenceTransformersAdapter.check({"path": "m", **option})
+    whole = {k: 32.0 for k in option if k != "pooling"}  # YAML's 32.0 is a count
+    TransformersAdapter.check({"path": "m", "task": "feature-extraction", **whole})
 
 
 def minilm_dir() -> str:
@@ -583,7 +587,7 @@ def spaced_sbert(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("lower", [False, True], ids=["cased", "do_lower_case"])
 def test_sentence_transformers_rows_past_the_checked_ones_equal_encode(
-    spaced_sbert: str, tmp_path: Path, lower: bool
+    spaced_sbert: str, tmp_path: Path, lower: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The step stripped texts, sentence-transformers 6 does not, and lowercased with
     Python's ``str.lower`` (a final Σ as ς); the replica compared the two on its first 64
@@ -606,6 +610,8 @@ def test_sentence_transformers_rows_past_the_checked_ones_equal_encode(
     got = pq.read_table(tmp_path / "out").sort_by("id").column("m_embedding")
     expected = SentenceTransformer(spaced_sbert, device="cpu").encode(texts)
     np.testing.assert_allclose(np.stack(got.to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    # and through the CPU step: it tokenizes as the model does (else every replica encodes)
+    assert "tokenizes differently" not in caplog.text
 
 
 def test_sentence_transformers_step_leaves_unknown_models_to_the_replica(tmp_path: Path) -> None:

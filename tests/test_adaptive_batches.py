@@ -285,11 +285,14 @@ def test_chute_plan_shows_the_start(tmp_path: Path) -> None:
     assert "0.5–2 s of model time" in text
 
 
-def test_a_timed_out_size_shrinks_and_is_never_tried_again() -> None:
+def test_a_timed_out_size_shrinks_and_the_measured_size_stays_inside_the_timeout() -> None:
     sizer = BatchSizer(1_024, TARGET.within(1.0))  # calls aim at 1/8 s
+    assert not sizer.timed_out(6, 1.0) and sizer.rows == 1_024  # a tail says nothing of it
     assert sizer.timed_out(1_024, 1.0)
     assert sizer.rows == 128  # 1,024 rows took over 1 s: 1/8 of them
-    _settle(sizer, 1e-6, calls=50)  # then a cheap model: grows, but stays below 1,024
-    assert 128 < sizer.rows < 1_024
+    sizes = _settle(sizer, 1.0 / 1_024, calls=50)  # a model linear in its rows
+    assert max(sizes) < 1_024  # never grows back to where it timed out
+    _settle(sizer, 1e-7, calls=50)  # a model that got fast: no ceiling holds it down
+    assert sizer.rows > 1_024
     fixed = BatchSizer(1_024)
     assert not fixed.timed_out(1_024, 1.0) and fixed.rows == 1_024  # a size given is kept

@@ -221,6 +221,8 @@ def test_a_model_added_or_removed_is_named_not_its_unchanged_file() -> None:
     }
     assert describe_changes(one, two) == "models (1 added: n)"
     assert describe_changes(two, one) == "models (1 removed: n)"
+    first = {"models": [{"name": "n"}], "code": {"models[0].fn": {"cls.py": "1"}}}
+    assert describe_changes(two, first) == "models (1 removed: m)"  # not the first's file"
 
 
 def _doubles(batch: dict[str, object]) -> dict[str, object]:
@@ -279,6 +281,9 @@ def test_an_input_folder_moved_is_said_so() -> None:
         "source (the input moved from /p/data to /q/data: a job's files are named by where "
         "they are)"
     )
+    day2 = [[f"/p/dt=2/{path[len('/p/data/') :]}", 7, 2] for path, *_ in files]
+    other = describe_changes({"source": {"files": files}}, {"source": {"files": day2}})
+    assert "input moved" not in other and "3 files added" in other  # other files: no move
     one = [["/p/a.csv", 1, 1]], [["/q/a.csv", 1, 1]]
     assert "moved from /p to /q" in describe_changes(
         {"source": {"files": one[0]}}, {"source": {"files": one[1]}}

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -108,6 +111,25 @@ def test_a_file_whose_name_looks_like_a_glob_is_read_as_named(tmp_path: Path) ->
     assert FileSource(str(tmp_path / "day[0-9].parquet")).files() == [
         str(tmp_path / "day1.parquet")
     ]
+
+
+def test_a_path_whose_existence_cannot_be_told_is_not_taken_for_a_glob() -> None:
+    """An error checking ``day[1].parquet`` read it as the pattern: another file's rows."""
+    from chute.sources.files import is_glob
+
+    class Refusing(pafs.FSSpecHandler):
+        def get_file_info(self, paths: Any) -> Any:
+            raise PermissionError(errno.EACCES, "refused")
+
+    with pytest.raises(OSError):
+        is_glob(pafs.PyFileSystem(Refusing(fsspec.filesystem("memory"))), "/d/day[1].parquet")
+
+
+def test_a_remote_file_is_named_as_addressed_without_credentials() -> None:
+    source = FileSource("s3://KEY:SECRET@bkt/photos/")
+    assert source.uri("bkt/photos/a.png") == "s3://bkt/photos/a.png"
+    web = FileSource("https://example.com/cat.png")  # fsspec's path is the URL itself
+    assert web.uri("https://example.com/cat.png") == "https://example.com/cat.png"
 
 
 def test_a_glob_matches_within_a_folder_and_never_a_hidden_name(tmp_path: Path) -> None:

@@ -44,7 +44,11 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
         if old == new:
             continue
         if key == "code" and isinstance(old, Mapping) and isinstance(new, Mapping):
-            changes += _code_changes(old, new)
+            code = _code_changes(old, new)
+            if _count(before.get("models")) != _count(after.get("models")):
+                # models added or removed: their parts, by index, are other models' now
+                code = [c for c in code if not c.startswith("models[")]
+            changes += code
         elif key == "models" and isinstance(old, list) and isinstance(new, list):
             changes += _model_changes(old, new)
         elif key == "source" and isinstance(old, Mapping) and isinstance(new, Mapping):
@@ -81,6 +85,10 @@ def _legacy(description: Mapping[str, Any]) -> str:
     return _DIGESTED.sub(r"\1", _text(description))
 
 
+def _count(models: Any) -> int | None:
+    return len(models) if isinstance(models, list) else None
+
+
 def _code_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``models[0].fn (model.py, helpers.py)``: each part whose source files differ."""
     changes = []
@@ -105,7 +113,7 @@ def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         "removed": sorted(set(was) - set(now)),
         "changed": sorted(f for f in set(was) & set(now) if was[f] != now[f]),
     }
-    moved = _moved(kinds["removed"], kinds["added"])
+    moved = _moved(was, now)
     if moved:  # the same files under another folder: say so, not "added" and "removed"
         kinds["added"] = kinds["removed"] = []
     said = [
@@ -120,17 +128,23 @@ def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return f"source ({'; '.join(said + rest)})" if said or rest else "source"
 
 
-def _moved(removed: list[str], added: list[str]) -> str:
-    """``the input moved from /a/data to /b/data``: where every file is another folder's
-    file of the same name below it (a project folder moved or mounted elsewhere)."""
-    if not removed or len(removed) != len(added):
+def _moved(was: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """``the input moved from /a/data to /b/data``: where every file of the input is now
+    under another folder, with the same name below it, size and time (a project folder
+    moved or mounted elsewhere: ``mv`` keeps them; another day's files have others)."""
+    removed, added = sorted(set(was) - set(now)), sorted(set(now) - set(was))
+    if not removed or not len(removed) == len(was) == len(added) == len(now):
         return ""
-    was, now = os.path.commonpath(removed), os.path.commonpath(added)
     if len(removed) == 1:
-        was, now = os.path.dirname(removed[0]), os.path.dirname(added[0])
-    if was == now or [r[len(was) :] for r in removed] != [a[len(now) :] for a in added]:
+        before, after = os.path.dirname(removed[0]), os.path.dirname(added[0])
+    else:
+        before, after = os.path.commonpath(removed), os.path.commonpath(added)
+    if before == after or any(
+        r[len(before) :] != a[len(after) :] or was[r] != now[a]
+        for r, a in zip(removed, added, strict=True)
+    ):
         return ""
-    return f"the input moved from {was} to {now}: a job's files are named by where they are"
+    return f"the input moved from {before} to {after}: a job's files are named by where they are"
 
 
 def _model_changes(old: list[Any], new: list[Any]) -> list[str]:

@@ -14,6 +14,7 @@ Conventions for what comes out (the model's name prefixes each column):
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -291,7 +292,10 @@ def check_counts(kind: str, options: Mapping[str, Any], names: Sequence[str]) ->
     least one (``batch_size: -1`` made no forward pass: a run of rows without outputs)."""
     for name in names:
         value = options.get(name)
-        if value is not None and (type(value) is not int or value < 1):
+        whole = isinstance(value, numbers.Integral) or (
+            isinstance(value, float) and value.is_integer()  # YAML's 32.0
+        )
+        if value is not None and (isinstance(value, bool) or not whole or value < 1):
             raise ConfigError(
                 f"model type {kind!r}: {name} {value!r} is not a whole number of at least 1. "
                 f"Give one (say {name}: 32), or leave it out for the default."

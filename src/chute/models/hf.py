@@ -128,7 +128,8 @@ class Prepare:
         self.model = model
         self.path = local_path(str(options["path"]))
         self.task = check_task(options)
-        self.max_length = options.get("max_length")
+        length = options.get("max_length")
+        self.max_length = None if length is None else int(length)
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Array]:
         if batch.num_columns != 1:

@@ -98,9 +98,10 @@ class KerasAdapter(FileAdapter):
         return {"value": float32_rows(np.asarray(out))}
 
     def _inputs(self, batch: pa.Table) -> Any:
-        if len(self.input_shapes) == 1 and not self.feeds and not self.named:
+        if len(self.input_shapes) == 1 and not self.feeds:  # the columns side by side
             ((name, shape),) = self.input_shapes.items()
-            return _shaped(feature_matrix(batch, self.input_dtypes[name]), shape)
+            matrix = _shaped(feature_matrix(batch, self.input_dtypes[name]), shape)
+            return {name: matrix} if self.named else matrix
         tensors = {}
         for name, shape in self.input_shapes.items():
             columns = self.feeds.get(name, [name])

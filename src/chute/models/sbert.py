@@ -88,6 +88,14 @@ def _tokenizer(path: str) -> tuple[Any, int, bool] | None:
     return tokenizer, int(length), bool(config.get("do_lower_case", False))
 
 
+def _lower(text: str) -> str:
+    """Lowercased as the tokenizers library does, which sentence-transformers 6 uses (a
+    final Σ as σ; Python's ``str.lower`` gives ς)."""
+    from tokenizers.normalizers import Lowercase
+
+    return str(Lowercase().normalize_str(text))
+
+
 class Tokenize:
     """The CPU step: the text column to token ids, unpadded (``input_ids`` and, where the
     tokenizer makes them, ``token_type_ids``: int32 lists), or nothing for a model it
@@ -106,7 +114,7 @@ class Tokenize:
         tokenizer, length, lower = found
         texts = text_column(batch, self.model)  # as given: sentence-transformers 6 keeps edges
         encoded = tokenizer(
-            [t.lower() for t in texts] if lower else texts,
+            [_lower(t) for t in texts] if lower else texts,
             truncation="longest_first",
             max_length=length,
         )

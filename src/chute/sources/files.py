@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import difflib
 import errno
+import functools
 import json
 import math
 import os
@@ -76,10 +77,8 @@ def is_glob(fs: pafs.FileSystem, path: str) -> bool:
     pattern matching ``day1.parquet``: another file's rows, and the run "complete")."""
     if not has_glob(path):
         return False
-    try:
-        return bool(fs.get_file_info(path).type == pafs.FileType.NotFound)
-    except OSError:
-        return True
+    info = retrying(lambda: fs.get_file_info(path), f"checking {path}")  # an error is no
+    return bool(info.type == pafs.FileType.NotFound)  # answer: a glob read another file
 
 
 def _list_files(
@@ -833,9 +832,20 @@ class FileSource:
 
     def uri(self, path: str) -> str:
         """A listed file as a user addresses it: ``s3://bucket/key`` where the
-        filesystem's own path is ``bucket/key``; a local path as it is."""
+        filesystem's own path is ``bucket/key`` (``hdfs://nn:8020/x`` for ``/x``; an
+        ``http://`` URL, which is its own path, as it is); a local path as it is."""
+        return path if "://" in path else self._uri_prefix + path
+
+    @functools.cached_property
+    def _uri_prefix(self) -> str:
+        """What the first path has before its filesystem's own path (``s3://``), no
+        credentials; ``""`` for a local one."""
         first = self.paths[0]
-        return first[: first.index("://") + 3] + path if is_remote(first) else path
+        if not is_remote(first):
+            return ""
+        given, inner = first.rstrip("/"), _filesystem(first, self.storage)[1]
+        prefix = given[: len(given) - len(inner)] if given.endswith(inner) else ""
+        return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", prefix)
 
     def files(self) -> list[str]:
         """Every input file, sorted; listed once."""
@@ -1103,7 +1113,11 @@ class FileSource:
         part = f"{out}/{part_name}"
         for original in self.paths if self.READS_PARTS else ():
             fs, given = _filesystem(original, self.storage)
-            globbed, given = is_glob(fs, given), real(given)
+            try:
+                globbed = is_glob(fs, given)
+            except OSError:  # cannot tell: checked as the pattern it may be
+                globbed = has_glob(given)
+            given = real(given)
             if globbed:
                 if _glob(given).fullmatch(part):
                     return f"the input glob {original!r} matches the output's files ({part})"

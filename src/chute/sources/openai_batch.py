@@ -69,16 +69,17 @@ Request = tuple[str, str | None, str | None, int]
 def input_files(paths: Sequence[str], storage: StorageOptions | None = None) -> list[str]:
     """The files the paths name: a file as it is; a folder's or a glob's files, listed as
     any input is (sorted, hidden ones left out)."""
-    from chute.sources.files import FileSource, is_glob  # a source beside this one
+    from chute.sources.files import FileSource, has_glob  # a source beside this one
 
     files: list[str] = []
     for path in paths:
         fs, where = resolve(path, storage)
         try:
-            folder = fs.get_file_info(where).type == pafs.FileType.Directory
+            kind = fs.get_file_info(where).type
         except OSError:
-            folder = False  # read as a file: its error names it
-        if not (folder or is_glob(fs, where)):
+            kind = None  # read as a file: its error names it
+        folder = kind == pafs.FileType.Directory
+        if not (folder or (has_glob(where) and kind == pafs.FileType.NotFound)):
             files.append(path)
             continue
         scheme = path[: path.index("://") + 3] if "://" in path else ""

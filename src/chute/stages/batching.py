@@ -155,14 +155,12 @@ class BatchSizer:
     def timed_out(self, rows: int, timeout: float | None) -> bool:
         """A call of ``rows`` rows did not answer within ``timeout`` seconds: a measured
         size shrinks to what the target asks of rows at least that slow, at least by half.
-        Says whether the next calls are smaller than ``rows``."""
-        if self.target is None or rows <= 1 or not timeout:
+        A call smaller than the size (a batch's tail) says nothing of the size. No ceiling
+        is kept: a hang may be a row's, and the measured growth never reaches the timeout
+        (it aims at a quarter of it). Says whether the next calls are smaller than ``rows``."""
+        if self.target is None or rows <= 1 or not timeout or rows < self.rows:
             return False
         wanted = max(1, min(rows // 2, int(self.target.aim * rows / timeout)))
-        self.ceiling = min(rows, self.ceiling or rows)  # never that size again, nor probed
-        self._probes = OOM_PROBES  # toward: a probe that hangs costs a timeout and a reload
-        if self._fitted >= rows:
-            self._fitted = 0
         self._settled = False
         self._resize(min(self.rows, wanted))
         return self.rows < rows

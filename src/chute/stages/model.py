@@ -396,8 +396,9 @@ class ModelStage:
         An out-of-memory error is no row's fault: the range is halved and retried, and the
         replica's sizer keeps the smaller size until it grows back (:mod:`.batching`).
         Rows are cut into calls as they come, at the size of the moment, so a size that
-        changes applies to the next call; every whole call (not a bisection's half) is
-        timed and measured for the sizer.
+        changes applies to the next call; every call that answers (a bisection's halves
+        too) is timed and measured for the sizer, and a whole call that times out shrinks
+        a measured size (:meth:`BatchSizer.timed_out`).
         """
         pieces: list[tuple[int, int, dict[str, pa.Array]]] = []
         failures: list[tuple[int, Exception]] = []
