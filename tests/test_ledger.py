@@ -73,7 +73,7 @@ def test_different_fingerprint_is_refused_naming_the_change(tmp_path: Path) -> N
     with pytest.raises(JobStateError) as info:
         _open(out, "fp2", models=[{"name": "tip"}, {"name": "fare"}], carryover=[])
     text = str(info.value)
-    assert "holds the results of a different job (changed: carryover, models)" in text
+    assert "a different job (changed: carryover, models (1 added: fare))" in text
     assert "--overwrite" in text
 
 
