@@ -27,7 +27,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -88,12 +88,13 @@ def _tokenizer(path: str) -> tuple[Any, int, bool] | None:
     return tokenizer, int(length), bool(config.get("do_lower_case", False))
 
 
-def _lower(text: str) -> str:
-    """Lowercased as the tokenizers library does, which sentence-transformers 6 uses (a
-    final Σ as σ; Python's ``str.lower`` gives ς)."""
+@functools.cache
+def _lowercase() -> Callable[[str], str]:
+    """Lowercasing as the tokenizers library does, which sentence-transformers 6 uses (a
+    final Σ as σ; Python's ``str.lower`` gives ς): one normalizer per process."""
     from tokenizers.normalizers import Lowercase
 
-    return str(Lowercase().normalize_str(text))
+    return cast(Callable[[str], str], Lowercase().normalize_str)
 
 
 class Tokenize:
@@ -114,7 +115,7 @@ class Tokenize:
         tokenizer, length, lower = found
         texts = text_column(batch, self.model)  # as given: sentence-transformers 6 keeps edges
         encoded = tokenizer(
-            [_lower(t) for t in texts] if lower else texts,
+            list(map(_lowercase(), texts)) if lower else texts,
             truncation="longest_first",
             max_length=length,
         )

@@ -82,8 +82,8 @@ def input_files(paths: Sequence[str], storage: StorageOptions | None = None) -> 
         if not (folder or (has_glob(where) and kind == pafs.FileType.NotFound)):
             files.append(path)
             continue
-        scheme = path[: path.index("://") + 3] if "://" in path else ""
-        files += [scheme + f for f in FileSource(path, storage=storage, format="jsonl").files()]
+        source = FileSource(path, storage=storage, format="jsonl")
+        files += [source.uri(f) for f in source.files()]  # s3://…, as addressed
     return files
 
 
