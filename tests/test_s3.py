@@ -8,9 +8,11 @@ requests are pyarrow's AWS SDK talking HTTP to moto.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -177,6 +179,58 @@ def test_an_s3_key_is_taken_as_written(s3: FaultProxy, moto_s3: MotoS3) -> None:
     put_objects(moto_s3, "bucket", {"odd/a#1.parquet": _encode(_table(0), "parquet")})
     report = _job("s3://bucket/odd/a#1.parquet", "s3://bucket/odd-out", "local").run()
     assert report.rows_out == ROWS
+
+
+@pytest.mark.timeout(120)
+def test_a_key_with_a_dot_dot_or_empty_segment_is_refused_before_anything_is_written(
+    s3: FaultProxy, moto_s3: MotoS3
+) -> None:
+    """pyarrow's client sent "staging/../prod/..." as "prod/..." for reads and writes but
+    listed it as written: a second job wrote into, and broke, a finished output "prod";
+    "x/../in2/" read in2's objects as x's; "in//a.parquet" was a "bad file" to skip."""
+    upload(moto_s3, "parquet")
+    _job("s3://bucket/in/", "s3://bucket/prod", "local").run()
+    before = {k: get_object(moto_s3, "bucket", k) for k in list_keys(moto_s3, "bucket", "prod/")}
+    for source, out, named in [
+        ("s3://bucket/in/", "s3://bucket/staging/../prod", "a '..' segment"),
+        ("s3://bucket/in/", "s3://bucket/res/./v1", "a '.' segment"),
+        ("s3://bucket/x/../in/", "s3://bucket/o", "a '..' segment"),
+        ("s3://bucket/in/", "s3://bucket/res//v1/", "an empty segment ('//')"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            _job(source, out, "local").run()
+    put_objects(moto_s3, "bucket", {"two//a.parquet": _encode(_table(0), "parquet")})
+    with pytest.raises(ConfigError, match=r"1 S3 key\(s\) with an empty.*two//a\.parquet"):
+        _job("s3://bucket/two/", "s3://bucket/o", "local", on_bad_input="skip").run()
+    after = {k: get_object(moto_s3, "bucket", k) for k in list_keys(moto_s3, "bucket", "prod/")}
+    assert after == before
+    assert not [k for k in list_keys(moto_s3, "bucket", "") if k.startswith(("res", "o/"))]
+
+
+@pytest.mark.timeout(120)
+def test_a_folder_written_with_a_slash_is_the_folder_beside_an_object_of_its_name(
+    s3: FaultProxy, moto_s3: MotoS3
+) -> None:
+    """An object "in" beside the keys "in/...": "s3://bucket/in/" read the object only
+    (three rows, "complete"); without the slash it names the object."""
+    upload(moto_s3, "parquet")
+    put_objects(moto_s3, "bucket", {"in": _encode(_table(9, rows=3), "parquet")})
+    for source, out, rows in [("in/", "out", UNITS * ROWS), ("in", "one", 3)]:
+        job = _job(f"s3://bucket/{source}", f"s3://bucket/{out}", "local")
+        job = dataclasses.replace(job, source=chute.FileSource(job.source.paths, "parquet"))
+        assert job.run().rows_out == rows
+    check_exactly_once(moto_s3, "out")
+
+
+@pytest.mark.timeout(60)
+def test_inputs_on_two_storages_are_refused(s3: FaultProxy, tmp_path: Path) -> None:
+    """Every file was read through one filesystem: S3 keys opened as local paths were
+    "bad files", and under on_bad_input: skip the run completed without them."""
+    pq.write_table(_table(0), tmp_path / "a.parquet")
+    for paths in ([str(tmp_path), "s3://bucket/in/"], ["s3a://bucket/in/", str(tmp_path)]):
+        with pytest.raises(ConfigError, match=r"on 2 storages \(local, s3\)"):
+            chute.FileSource(paths)
+    chute.FileSource(["s3://bucket/in/", "s3a://bucket/more/"])  # one storage
 
 
 @pytest.mark.timeout(60)

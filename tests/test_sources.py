@@ -176,6 +176,49 @@ def test_a_folder_reached_twice_through_a_link_is_read_once(tmp_path: Path) -> N
     assert sum(u.rows or 0 for u in source.plan()) == 4
 
 
+def test_dot_dot_after_a_link_is_the_folder_the_system_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``latest -> archive/06``: ``latest/../05`` is ``archive/05`` to the system and to
+    pyarrow; cut as text it was ``data/05``, another folder, whose rows were read."""
+    _parquet(tmp_path / "archive" / "05" / "a.parquet", 3, first=100)
+    _parquet(tmp_path / "data" / "05" / "a.parquet", 3)
+    (tmp_path / "archive" / "06").mkdir()
+    (tmp_path / "data" / "latest").symlink_to(tmp_path / "archive" / "06")
+    for given in (f"{tmp_path}/data/latest/../05/", "latest/../05"):
+        monkeypatch.chdir(tmp_path / "data")
+        ids = _read_all(FileSource(given)).column("id").to_pylist()
+        assert ids == [100, 101, 102], given
+
+
+def test_file_uris_are_decoded_as_the_system_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Path.as_uri()`` gives ``file:///.../my%20data``: it named a folder "my%20data"
+    (an output written beside the one meant); ``file://localhost/x`` was ``./localhost/x``."""
+    monkeypatch.chdir(tmp_path)
+    _parquet(tmp_path / "my data" / "a.parquet", 4)
+    folder = tmp_path / "my data"
+    for uri in (folder.as_uri(), f"file://localhost{folder}"):
+        assert _read_all(FileSource(uri)).num_rows == 4, uri
+    for uri, named in [
+        ("file://elsewhere/data", "names the host 'elsewhere'"),
+        (f"file://{folder}#2", "begins a query or a fragment"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            FileSource(uri).files()
+    out = tmp_path / "my out"
+    job = chute.Job(
+        source=TableSource(_table(5)),
+        models=(chute.Model("m", lambda b: {"y": b["value"]}, inputs=("value",)),),
+        output=chute.Sink(out.as_uri()),
+        engine="local",
+    )
+    job.run()
+    assert (out / "_SUCCESS").exists() and not (tmp_path / "my%20out").exists()
+    assert not (tmp_path / "localhost").exists()
+
+
 def test_a_file_named_by_two_of_the_paths_is_read_once(tmp_path: Path) -> None:
     a = _parquet(tmp_path / "a.parquet", 2)
     _parquet(tmp_path / "b.parquet", 3, 10)

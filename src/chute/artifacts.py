@@ -32,7 +32,15 @@ import pyarrow.fs as pafs
 
 from chute.errors import ConfigError
 from chute.retry import retrying
-from chute.storage import StorageOptions, is_remote, permanent, redact, resolve, storage_error
+from chute.storage import (
+    StorageOptions,
+    is_remote,
+    local_absolute,
+    permanent,
+    redact,
+    resolve,
+    storage_error,
+)
 
 CACHE_ENV = "CHUTE_CACHE_DIR"
 CHUNK = 8 << 20
@@ -46,9 +54,7 @@ def local_path(
     """The local file or directory that holds ``path`` (downloaded once if remote)."""
     if is_remote(path):
         return _cached(path, what, storage)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    resolved = os.path.abspath(os.path.expanduser(path))
+    resolved = local_absolute(path)
     if not os.path.exists(resolved):
         raise ConfigError(f"{what} {path!r} does not exist: check the path.")
     return resolved

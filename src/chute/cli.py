@@ -127,7 +127,9 @@ def job_options(fn: F) -> F:
 def _from_here(path: str | None) -> str | None:
     if path is None or "://" in path:
         return path
-    return os.path.abspath(os.path.expanduser(path))
+    from chute.storage import local_absolute
+
+    return local_absolute(path)
 
 
 def _load(job_file: str, **opts: Any) -> Job:

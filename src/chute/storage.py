@@ -133,8 +133,7 @@ def resolve(path: str, storage: StorageOptions | None = None) -> tuple[pafs.File
     storage = (storage or StorageOptions()).with_env()
     scheme = scheme_of(path)
     if scheme in ("", "file", "local"):
-        local = path.split("://", 1)[1] if scheme else path
-        return pafs.LocalFileSystem(), _strip(os.path.abspath(os.path.expanduser(local)))
+        return pafs.LocalFileSystem(), _strip(local_absolute(path))
     if scheme in S3_SCHEMES:
         return _s3(path, storage)
     if scheme in ("hdfs", "viewfs"):  # pyarrow's own client (libhdfs)
@@ -147,6 +146,42 @@ def _strip(path: str) -> str:
     return path.rstrip("/") or "/"
 
 
+def local_absolute(path: str) -> str:
+    """The absolute local path that ``path`` (a plain path, ``~/...``, or a ``file:`` URI)
+    names, as the operating system reads it.
+
+    A ``file:`` URI is decoded (``file:///data/my%20runs`` is the folder ``my runs``;
+    ``file://localhost/x`` is ``/x``); one for another host, or with a query or fragment,
+    is refused. A ``..`` is resolved through the folders before it, links included, as
+    the system does (``latest/../2024`` beside a link ``latest -> archive/06`` is
+    ``archive/2024``): cut as text, it named another folder, whose files were read.
+    """
+    scheme = scheme_of(path)
+    if scheme == "file":
+        uri = urllib.parse.urlsplit(path)
+        if uri.netloc not in ("", "localhost"):
+            raise ConfigError(
+                f"{path!r} names the host {uri.netloc!r}: a file URI names a file on this "
+                "machine (file:///path). Write the local path, or the URI of a storage "
+                "every worker can reach."
+            )
+        if uri.query or uri.fragment:
+            raise ConfigError(
+                f"{path!r} has a '?' or '#', which in a file URI begins a query or a "
+                "fragment, not part of the path. Write a plain path, or percent-encode the "
+                "character (%3F for '?', %23 for '#')."
+            )
+        path = urllib.parse.unquote(uri.path)
+    elif scheme:  # local://path
+        path = path.split("://", 1)[1]
+    path = os.path.join(os.getcwd(), os.path.expanduser(path))
+    segments = path.split("/")
+    if ".." in segments:
+        last = len(segments) - segments[::-1].index("..")
+        path = os.path.join(os.path.realpath("/".join(segments[:last]) or "/"), *segments[last:])
+    return os.path.normpath(path)
+
+
 def _s3(uri: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
     # Split by hand: an S3 key is taken as written. As a URL, "out?v=2" and "out#2" lost
     # their query and fragment (a run wrote to, or --overwrite wiped, "out"), and "%20"
@@ -157,6 +192,15 @@ def _s3(uri: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
     if not bucket:
         raise ConfigError(f"{redact(uri)!r} names no bucket: write it like 's3://bucket/prefix'.")
     key = key.strip("/")
+    odd = next((part for part in key.split("/") if part in ("", ".", "..")), None)
+    if key and odd is not None:
+        segment = f"a {odd!r} segment" if odd else "an empty segment ('//')"
+        raise ConfigError(
+            f"{redact(uri)!r} has {segment} in its key. S3 keys are not paths: the S3 "
+            "client reads and writes a key with '.' and '..' cleaned away (another prefix, "
+            "perhaps another job's files) but lists it as written, and refuses an empty "
+            "segment. Write the key without it."
+        )
     user, _, secret = (urllib.parse.unquote(v) for v in login.partition(":"))
     anonymous = storage.anonymous or (user == "anonymous" and not secret)
     credentials = (user, secret) if secret else ("", "")

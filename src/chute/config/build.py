@@ -20,7 +20,7 @@ from chute.job import (
     parse_seconds,
 )
 from chute.sources import file_source
-from chute.storage import StorageOptions
+from chute.storage import StorageOptions, local_absolute
 from chute.usercode import add_code_dir
 
 
@@ -140,8 +140,8 @@ def _lives_in(target: str, base: str) -> bool:
     """Whether ``target`` names a file or module inside ``base`` (not an installed package)."""
     module = target.rpartition(":")[0]
     if module.endswith(".py"):
-        path = _resolve(module, base)
-        return os.path.commonpath([path, base]) == base
+        path, folder = _resolve(module, base), local_absolute(base)
+        return os.path.commonpath([path, folder]) == folder
     top = module.split(".")[0]
     return os.path.exists(os.path.join(base, f"{top}.py")) or os.path.exists(
         os.path.join(base, top, "__init__.py")
@@ -253,7 +253,7 @@ def _resolve(path: str, base: str) -> str:
     path = path if "://" in path else os.path.expanduser(path)  # ~/data: the home folder's
     if "://" in path or os.path.isabs(path):
         return path
-    return os.path.normpath(os.path.join(base, path))
+    return local_absolute(os.path.join(base, path))  # ".." as the system reads it
 
 
 def _resolve_fn(target: str, base: str) -> str:

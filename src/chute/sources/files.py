@@ -44,6 +44,7 @@ from chute.sources.base import (
     unreadable,
 )
 from chute.storage import (
+    S3_SCHEMES,
     StorageOptions,
     check,
     is_local,
@@ -54,6 +55,7 @@ from chute.storage import (
     read_row_groups,
     redact,
     resolve,
+    scheme_of,
     storage_error,
 )
 
@@ -65,6 +67,27 @@ reader, 11 MiB like this, as much as a 140 k-row group's)."""
 
 def _filesystem(path: str, storage: StorageOptions | None = None) -> tuple[pafs.FileSystem, str]:
     return resolve(path, storage)
+
+
+def _refuse_unaddressable(fs: pafs.FileSystem, paths: list[str], uri: Any) -> None:
+    """An S3 key with an empty, ``.`` or ``..`` segment (``in//a.parquet``) is listed as
+    it is but read as another key, or not at all: such a file is refused by name, never
+    read or left out as a bad file."""
+    if not isinstance(fs, pafs.S3FileSystem):
+        return
+    odd = [p for p in paths if any(part in ("", ".", "..") for part in p.split("/"))]
+    if odd:
+        shown = ", ".join(repr(uri(p)) for p in odd[:3]) + (", ..." if len(odd) > 3 else "")
+        raise ConfigError(
+            f"the input holds {len(odd)} S3 key(s) with an empty, '.' or '..' segment "
+            f"({shown}): the S3 client reads such a key as another, or not at all. Rename "
+            "them, or move them out of the input."
+        )
+
+
+def _storage_of(path: str) -> str:
+    scheme = scheme_of(path)
+    return "s3" if scheme in S3_SCHEMES else scheme if is_remote(path) else "local"
 
 
 def has_glob(path: str) -> bool:
@@ -132,12 +155,15 @@ def _listing(
             f"input path {redact(original)!r} does not exist.{_near(fs, path, original)} "
             "Check the path."
         )
-    # "data/" with a 0-byte object "data" beside the keys "data/...": a folder marker (an
-    # S3 console folder), not an empty input file that hides the folder
-    marker = original.endswith("/") and info.type == pafs.FileType.File and not info.size
-    if info.type == pafs.FileType.File and not marker:
+    as_folder = original.endswith("/") and not isinstance(fs, pafs.LocalFileSystem)
+    if info.type == pafs.FileType.File and not as_folder:
         return [info]
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    # "data/" on an object store with an object "data" beside the keys "data/...": the
+    # folder, as written (a 0-byte "data" is an S3 console's folder marker); the object
+    # only where no key is under "data/"
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    if info.type == pafs.FileType.File and info.size and not any(i.is_file for i in infos):
+        return [info]
     _refuse_dangling(fs, path, infos, underscore_files)
     files = [
         i
@@ -783,6 +809,12 @@ class FileSource:
         self.paths = [path] if isinstance(path, str) else list(path)
         if not self.paths:
             raise DataError("no input path given: name a file, a directory or a glob.")
+        storages = {_storage_of(p) for p in self.paths}
+        if len(storages) > 1:  # every file is read through one filesystem
+            raise ConfigError(
+                f"the input paths are on {len(storages)} storages ({', '.join(sorted(storages))}): "
+                "one job reads one. Copy the files to one storage, or run a job for each."
+            )
         known = sorted(set(FORMATS.values()))
         if format not in (None, "images", *known):  # else read as JSON: a parse error
             raise ConfigError(
@@ -860,6 +892,7 @@ class FileSource:
             if not found:
                 raise self._nothing_found()
             found = _distinct(found, self.filesystem)
+            _refuse_unaddressable(self.filesystem, [i.path for i in found], self.uri)
             self._stamps = {i.path: (i.size, i.mtime_ns) for i in found}
             self._files = [i.path for i in found]
             self.format = self.format or self._infer_format(self._files)
