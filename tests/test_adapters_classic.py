@@ -346,6 +346,52 @@ def test_lightgbm_native_files(
         np.testing.assert_allclose(frame["m_value"], direct, atol=1e-5)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["xgboost", "lightgbm"])
+def test_a_booster_trained_on_pandas_categories_codes_them_as_its_library_does(
+    tmp_path: Path, kind: str
+) -> None:
+    """Trained on ``pd.Categorical([10, 20, 30])`` and ``["oslo", "rome"]``, the file
+    stores the categories: an int64 ``zone`` column was fed as category codes (every row
+    an unseen category's score, "complete"), a text one failed as "could not convert"."""
+    rng = np.random.default_rng(3)
+    n = 300
+    zone = rng.choice([10, 20, 30], n)
+    city = rng.choice(["oslo", "rome"], n).astype(object)
+    city[::17] = None  # a missing category
+    train = pd.DataFrame(
+        {"a": rng.normal(size=n), "zone": pd.Categorical(zone), "city": pd.Categorical(city)}
+    )
+    label = ((zone == 20) ^ (city == "rome")).astype(int)
+    if kind == "xgboost":
+        import xgboost
+
+        dtrain = xgboost.DMatrix(train, label=label, enable_categorical=True)
+        booster: Any = xgboost.train({"objective": "binary:logistic"}, dtrain, 10)
+        path = tmp_path / "model.json"
+    else:
+        import lightgbm
+
+        params = {"objective": "binary", "verbose": -1, "min_data_in_leaf": 5}
+        booster = lightgbm.train(params, lightgbm.Dataset(train, label), 10)
+        path = tmp_path / "model.txt"
+    booster.save_model(str(path))
+    direct = (
+        booster.predict(xgboost.DMatrix(train, enable_categorical=True))
+        if kind == "xgboost"
+        else booster.predict(train)
+    )
+    table = pa.table({"id": np.arange(n), "a": train["a"].to_numpy(), "zone": zone, "city": city})
+    frame = chute.predict(  # int64 and text columns, as a Parquet file would give them
+        table,
+        Model("m", adapter(kind, path=str(path)), inputs=["a", "zone", "city"], batch_size=7),
+        carryover=["id"],
+    )
+    assert list(frame["id"]) == list(range(n))
+    np.testing.assert_allclose(frame["m_score"], direct, rtol=1e-6)
+    assert len(np.unique(direct.round(4))) > 1  # the categories matter
+
+
 @pytest.mark.timeout(60)
 def test_booster_features_matched_by_name_and_width_checked(
     data: dict[str, Any], tmp_path: Path

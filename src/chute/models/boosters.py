@@ -21,7 +21,8 @@ of the names); inputs that have some of the names but lack others are refused. A
 saved by XGBoost's scikit-learn wrapper (pickled, or its ``.json``) predicts with the trees
 up to its early-stopping best iteration, and a pickled wrapper's ``missing`` value, as the
 wrapper's ``predict`` does; a booster of ``xgboost.train`` predicts with all its trees, as
-``Booster.predict`` does.
+``Booster.predict`` does. Features trained as pandas categories are given as categories of
+their values, which the library codes by those its file stores.
 XGBoost and LightGBM run with the replica's CPU count as threads; XGBoost predicts on the
 GPU when the replica holds one. Files are native (``.json``/``.ubj`` for XGBoost, ``.txt``
 for LightGBM); pickled scikit-learn wrappers (``XGBClassifier``, ``LGBMClassifier``) load
@@ -31,6 +32,7 @@ only with ``trust_pickle: true``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -87,9 +89,17 @@ class _Booster(FileAdapter):
     def _names(self) -> list[str] | None:
         raise NotImplementedError
 
+    categorical: tuple[int, ...] = ()
+    """The features the model splits on as categories (trained from pandas ``category``
+    columns): given as pandas categories, which the library codes by the categories it
+    stored at training, as it does for a user's frame. Their values taken as numbers were
+    read as category codes: every row an unseen category's score."""
+
     def predict(self, batch: pa.Table) -> dict[str, Any]:
-        features = feature_matrix(ordered_by_names(batch, self._names()), self.dtype)
-        out = np.asarray(self._raw(features))
+        table = ordered_by_names(batch, self._names())
+        out = np.asarray(
+            self._raw(self._frame(table) if self.categorical else feature_matrix(table, self.dtype))
+        )
         if self.task == "binary":
             threshold = self.threshold if self.threshold is not None else self._cut()
             return classify(out, self.classes, threshold)
@@ -102,6 +112,23 @@ class _Booster(FileAdapter):
 
     def _cut(self) -> float | None:
         return None  # a probability: the positive class when it is above 0.5
+
+    def _frame(self, table: pa.Table) -> Any:
+        """The features as a pandas frame: categorical ones as pandas categories of their
+        values (a null is a missing value), the others as numbers."""
+        import pandas as pd
+
+        if max(self.categorical) >= table.num_columns:
+            return feature_matrix(table, self.dtype)  # too few columns: _raw names the count
+        columns: dict[str, Any] = {}
+        for i, name in enumerate(table.column_names):
+            column = table.column(i)
+            if i in self.categorical:
+                values = column.to_pandas(types_mapper=None).to_numpy(dtype=object)
+                columns[name] = pd.Categorical(values)
+            else:
+                columns[name] = feature_matrix(table.select([i]), self.dtype)[:, 0]
+        return pd.DataFrame(columns)
 
 
 class XGBoostAdapter(_Booster):
@@ -140,6 +167,8 @@ class XGBoostAdapter(_Booster):
             _check_xgboost_cuda(self.context.model)
             params["device"] = "cuda"
         self.booster.set_param(params)
+        types = self.booster.feature_types or []
+        self.categorical = tuple(i for i, kind in enumerate(types) if kind == "c")
         config = json.loads(self.booster.save_config())
         self.objective = str(config["learner"]["objective"]["name"])
         self.task = _xgboost_task(self.objective)
@@ -148,7 +177,7 @@ class XGBoostAdapter(_Booster):
         names = self.booster.feature_names
         return list(names) if names else None
 
-    def _raw(self, features: np.ndarray) -> np.ndarray:
+    def _raw(self, features: Any) -> np.ndarray:
         self._check_width(features.shape[1], self.booster.num_features())
         predicted = self.booster.inplace_predict(
             features, iteration_range=self.trees, missing=self.missing, validate_features=False
@@ -216,11 +245,12 @@ class LightGBMAdapter(_Booster):
 
     def _setup(self) -> None:
         self.task = _lightgbm_task(_lightgbm_objective(self.booster, self.path))
+        self.categorical = _lightgbm_categorical(self.booster, self.path)
 
     def _names(self) -> list[str] | None:
         return list(self.booster.feature_name())
 
-    def _raw(self, features: np.ndarray) -> np.ndarray:
+    def _raw(self, features: Any) -> np.ndarray:
         want = self.booster.num_feature()
         if features.shape[1] != want:
             raise ModelError(
@@ -242,6 +272,24 @@ def _lightgbm_objective(booster: Any, path: str) -> str:
             if line.startswith("Tree="):
                 break
     return "regression"
+
+
+def _lightgbm_categorical(booster: Any, path: str) -> tuple[int, ...]:
+    """The features a model trained on a pandas frame took as categories (its
+    ``pandas_categorical``; LightGBM codes them by those categories when given a frame);
+    ``()`` for one trained on arrays, whose category features are given as codes."""
+    if not getattr(booster, "pandas_categorical", None):
+        return ()
+    found = re.search(r"^\[categorical_feature: ([0-9,]*)\]$", booster.model_to_string(), re.M)
+    indices = tuple(int(i) for i in found.group(1).split(",") if i) if found else ()
+    if len(indices) != len(booster.pandas_categorical):
+        raise ConfigError(
+            f"{path!r} stores categories for {len(booster.pandas_categorical)} feature(s) "
+            f"but names {len(indices)} categorical feature(s): chute cannot tell which "
+            "features they code. Train with categorical_feature='auto' on a pandas frame, "
+            "or on codes without pandas categories."
+        )
+    return indices
 
 
 def _lightgbm_task(objective: str) -> str:
