@@ -119,6 +119,31 @@ def test_sklearn_multiclass_probabilities_as_a_float32_list(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["mlp", "forest"])
+def test_a_classifier_fitted_on_several_labels_a_row_gives_its_labels(
+    data: dict[str, Any], tmp_path: Path, kind: str
+) -> None:
+    """A multi-label MLPClassifier's predict_proba (each label's own probability) was read
+    as one class among three: label 2 where predict says [1, 0, 1], exit 0; a forest's
+    failed naming a "classes" option the adapter does not have."""
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.neural_network import MLPClassifier
+
+    labels = np.stack([data["binary"], data["multi"] == 2, data["x"][:, 3] > 0], axis=1)
+    labels = labels.astype(np.int64)
+    clf = (
+        MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0)
+        if kind == "mlp"
+        else RandomForestClassifier(n_estimators=5, random_state=0)
+    ).fit(data["x"], labels)
+    path = _skops(tmp_path, clf)
+    frame = run(data, adapter("sklearn", path=path))
+    np.testing.assert_array_equal(lists(frame["m_label"]), clf.predict(data["x"]))
+    with pytest.raises(ConfigError, match=r"several labels a row .* Use method: predict"):
+        run(data, adapter("sklearn", path=path, method="predict_proba"))
+
+
+@pytest.mark.timeout(60)
 def test_sklearn_string_labels_threshold_and_renamed_outputs(
     data: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -659,6 +684,38 @@ def test_an_integer_graph_input_refuses_values_that_are_not_integers(tmp_path: P
     ):
         with pytest.raises(chute.ChuteError, match=rf"column 'v' holds \[{shown}.* int64"):
             predict(values)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("kind", "values"), [("STRING", ["a", None, "c"]), ("BOOL", [True, None])])
+def test_a_text_or_bool_graph_input_refuses_a_null(tmp_path: Path, kind: str, values: Any) -> None:
+    """A null reached a string input as the text "None" (an unseen category to a one-hot
+    encoder, predicted on in silence) and a bool input as False."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    element = getattr(TensorProto, kind)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "identity",
+        [helper.make_tensor_value_info("x", element, ["N", 1])],
+        [helper.make_tensor_value_info("y", element, ["N", 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "identity.onnx")
+    spec = adapter("onnx", path=str(tmp_path / "identity.onnx"))
+    table = pa.table({"id": np.arange(len(values)), "v": values})
+    given = [v for v in values if v is not None]
+    frame = chute.predict(table.filter(table["v"].is_valid()), Model("m", spec, inputs=["v"]))
+    assert list(frame["m_y"]) == given
+    with pytest.raises(ModelError, match=r"column 'v' holds a null .* 'x' .* on row 1 of"):
+        chute.predict(table, Model("m", spec, inputs=["v"]))
+    frame = chute.predict(
+        table, Model("m", spec, inputs=["v"], on_error="quarantine"), carryover=["id"]
+    )
+    assert list(frame["id"]) == [i for i, v in enumerate(values) if v is not None]
+    assert list(frame["m_y"]) == given  # the null's row set aside, the others predicted
 
 
 def _image_graph(path: Path) -> None:

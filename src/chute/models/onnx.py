@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from chute.errors import ConfigError, ModelError, ResourceError, did_you_mean
+from chute.errors import ConfigError, DataError, ModelError, ResourceError, did_you_mean
 from chute.models.common import FileAdapter, feature_matrix, float32_rows, rename
 
 _TYPES = {
@@ -139,6 +139,20 @@ class OnnxAdapter(FileAdapter):
         return feed
 
 
+def _refuse_nulls(table: pa.Table, graph_input: Any) -> None:
+    """A text or bool graph input has no missing value: a null would reach the graph as
+    the text "None" (an unseen category, predicted on in silence) or as False."""
+    for name in table.column_names:
+        column = table.column(name)
+        if column.null_count:
+            row = column.is_null().index(True).as_py()
+            raise DataError(
+                f"column {name!r} holds a null at row {row} of the batch, and graph input "
+                f"{graph_input.name!r} ({graph_input.type}) has no missing value: fill such "
+                "rows in a preprocess step, or set on_error: quarantine to set them aside."
+            )
+
+
 def _tensor(table: pa.Table, graph_input: Any) -> np.ndarray:
     """Columns → the graph input's element type and static shape."""
     dtype = _TYPES.get(graph_input.type)
@@ -149,6 +163,8 @@ def _tensor(table: pa.Table, graph_input: Any) -> np.ndarray:
     shape = list(graph_input.shape)
     if table.num_columns == 1 and isinstance(table.column(0).type, pa.FixedShapeTensorType):
         return _image_tensor(table.column(0), shape, graph_input.name).astype(dtype, copy=False)
+    if np.dtype(dtype).kind in "bOSU":  # None became the text "None", or False
+        _refuse_nulls(table, graph_input)
     matrix = feature_matrix(table, dtype)
     if len(shape) == 1:
         return matrix.reshape(-1)

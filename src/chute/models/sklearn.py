@@ -11,7 +11,8 @@
   multiclass: probability of ``label``), and ``proba`` (float32 list in ``classes_`` order)
   for more than two classes; ``threshold`` cuts binary labels at a probability;
 - ``decision_function`` → ``label`` and ``score`` (binary) or ``scores`` (a float32 list);
-- ``predict`` → ``label`` for classifiers and clusterers, ``value`` for regressors;
+- ``predict`` → ``label`` for classifiers and clusterers (a list per row for one fitted
+  on several labels a row, which ``auto`` picks ``predict`` for), ``value`` for regressors;
 - ``transform`` → ``features``, a float32 list.
 
 A ``.skops`` file loads with :func:`skops.io.load`: the types skops trusts and
@@ -120,16 +121,39 @@ def _load_estimator(path: str, options: Mapping[str, Any]) -> Any:
 
 
 def _choose_method(estimator: Any, method: str) -> str:
+    several = _is_classifier(estimator) and _several_labels(estimator)
     if method == "auto":
-        if _is_classifier(estimator) and hasattr(estimator, "predict_proba"):
+        if _is_classifier(estimator) and hasattr(estimator, "predict_proba") and not several:
             return "predict_proba"
         return "predict" if hasattr(estimator, "predict") else "transform"
+    if several and method in ("predict_proba", "decision_function"):
+        raise ConfigError(
+            f"{type(estimator).__name__} was fitted on several labels a row (multi-label or "
+            f"multi-output): its {method}() scores each label on its own, not one class "
+            "among classes_, so no label or score can be drawn from it. Use method: "
+            "predict (each row's labels, as a list)."
+        )
     if not hasattr(estimator, method):
         raise ConfigError(
             f"{type(estimator).__name__} has no {method}(): choose a method it has "
             f"({', '.join(m for m in METHODS[1:] if hasattr(estimator, m))})."
         )
     return method
+
+
+def _several_labels(estimator: Any) -> bool:
+    """Whether a classifier (a pipeline's last step) was fitted on several labels a row:
+    its classes are a list (trees, forests, MultiOutputClassifier), it has several outputs
+    (k-neighbours), or it binarized a label indicator matrix (MLPClassifier, one-vs-rest)."""
+    final = estimator.steps[-1][1] if hasattr(estimator, "steps") else estimator
+    if isinstance(getattr(final, "classes_", None), list):
+        return True
+    if getattr(final, "n_outputs_", 1) > 1 or getattr(final, "outputs_2d_", False):
+        return True
+    if getattr(final, "multilabel_", False) is True:
+        return True
+    binarizer = getattr(final, "_label_binarizer", None)
+    return getattr(binarizer, "y_type_", "") == "multilabel-indicator"
 
 
 def _is_classifier(estimator: Any) -> bool:
