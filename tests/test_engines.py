@@ -697,6 +697,46 @@ def test_preprocess_feeds_model(engine: str, taxi_dir: Path, tmp_path: Path) -> 
     assert set(out.column("m_seen").to_pylist()) == {"fare_per_mile"}
 
 
+def tens(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"p": batch["id"] * 10}
+
+
+def shout(batch: pd.DataFrame) -> dict[str, Any]:
+    return {"u": batch["s"].str.upper(), "q": batch["p"] + 1}
+
+
+@pytest.mark.timeout(90)
+def test_a_preprocess_step_over_an_empty_and_an_unreadable_file(
+    engine: str, tmp_path: Path
+) -> None:
+    """A 0-row file (a finished unit of 0 rows) or one skipped under on_bad_input: skip
+    stopped a job with a preprocess step, which was handed the unit's place and raised
+    "Field 'id' does not exist" (exit 4). The text a pandas model returns for rows of two
+    files joined in one batch (pandas' Arrow-backed text, in chunks) stopped the local
+    engine on an unexpected TypeError."""
+    data = tmp_path / "in"
+    data.mkdir()
+    for name, ids in [("a", [0, 1, 2]), ("b", []), ("d", [3, 4, 5])]:
+        table = pa.table({"id": pa.array(ids, pa.int64()), "s": [f"row{i}" for i in ids]})
+        pq.write_table(table, data / f"{name}.parquet")
+    (data / "c.parquet").write_bytes(b"PAR1 not a Parquet file PAR1")
+    report = chute.Job(
+        chute.FileSource(str(data)),
+        [chute.Model("m", shout, inputs=("s", "p"), batch_format="pandas", batch_size=128)],
+        chute.Sink(str(tmp_path / "out")),
+        carryover=("id",),
+        preprocess=chute.Preprocess(tens, inputs=("id",), batch_format="numpy"),
+        on_bad_input="skip",
+        engine=engine,  # type: ignore[arg-type]
+    ).run()
+    assert report.stopped == "complete" and report.rows_out == 6
+    assert [bad["unit"] for bad in report.units_bad] == [str(data / "c.parquet")]
+    out = pq.read_table(tmp_path / "out").sort_by("id")
+    assert out.column("id").to_pylist() == list(range(6))
+    assert out.column("m_u").to_pylist() == [f"ROW{i}" for i in range(6)]
+    assert out.column("m_q").to_pylist() == [i * 10 + 1 for i in range(6)]
+
+
 # ------------------------------------------------------------------- 8. output formats
 
 

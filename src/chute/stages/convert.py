@@ -176,9 +176,12 @@ def _unviewed(array: pa.Array) -> pa.Array:
     return array  # a list view stays one: Arrow 26's cast of it to a list is invalid
 
 
-def _plain(array: pa.Array) -> pa.Array:
+def _plain(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     """A pandas column's array with the types its values had through NumPy: pandas' text
-    (Arrow's ``large_string``) as ``string``, a categorical's values, not a dictionary."""
+    (Arrow's ``large_string``) as ``string``, a categorical's values, not a dictionary;
+    one array where pandas held Arrow's chunks (text read from several files and joined)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
     if pa.types.is_large_string(array.type):

@@ -15,7 +15,7 @@ from chute.models import AdapterSpec
 from chute.models.base import PREPARED
 from chute.stages.clock import StageClock
 from chute.stages.convert import same_values, to_columns, to_format
-from chute.stages.rows import KEY
+from chute.stages.rows import KEY, healthy_rows, keep_mask, scatter
 from chute.usercode import resolve, user_frame
 
 
@@ -39,14 +39,24 @@ class PreprocessStage:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         started = time.perf_counter()
+        # The step gets rows of data only: an empty or unreadable unit's place (a marker
+        # row without the data's columns) is not one; the step raised on it ("Field 'id'
+        # does not exist"), and the job stopped on a file documented as a unit of 0 rows.
+        healthy = healthy_rows(table)
+        if healthy is not None and not len(healthy):
+            return table
+        view = table if healthy is None else table.filter(keep_mask(healthy, table.num_rows))
         try:
-            given = to_format(table.select(self.inputs), self.batch_format, self.shared)
+            given = to_format(view.select(self.inputs), self.batch_format, self.shared)
             out = self.fn(given)
         except (Exception, SystemExit) as exc:  # sys.exit() in user code: it raised
             raise ModelError(
                 f"preprocess raised {type(exc).__name__}: {exc}{user_frame(exc)}"
             ) from exc
-        for name, array in to_columns(out, None, table.num_rows, "preprocess", given).items():
+        columns = to_columns(out, None, view.num_rows, "preprocess", given)
+        if healthy is not None:  # null in the places' rows
+            columns = scatter([(0, view.num_rows, columns)], healthy, table.num_rows)
+        for name, array in columns.items():
             if name in self.protected or name == KEY:
                 if name in table.column_names and _unchanged(array, table.column(name)):
                     continue  # a pandas frame returned whole: its carried columns as read
