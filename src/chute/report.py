@@ -188,7 +188,8 @@ class Report:
     """Where ``report.html`` was written, if it was."""
     result: pa.Table | None = None
     result_rows: Any = None
-    """Each row of ``result``'s place in the input (a NumPy array): rows a model failed on
+    """Each row of ``result``'s place (a NumPy array): its row in the data given in memory,
+    or in its file for files read (numbered from 0 in each file); rows a model failed on
     are not in ``result``."""
 
     @property
