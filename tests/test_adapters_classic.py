@@ -718,6 +718,31 @@ def test_a_text_or_bool_graph_input_refuses_a_null(tmp_path: Path, kind: str, va
     assert list(frame["m_y"]) == given  # the null's row set aside, the others predicted
 
 
+@pytest.mark.timeout(120)
+def test_a_model_file_of_another_kind_or_a_text_feature_is_named(
+    data: dict[str, Any], tmp_path: Path
+) -> None:
+    """sklearn given an XGBoost .json said "is a pickle"; xgboost given a LightGBM .txt
+    printed a C++ stack trace; a text column among numeric features said "could not
+    convert string to float", naming no column, blaming the model."""
+    import lightgbm
+    import xgboost
+
+    booster = xgboost.train({}, xgboost.DMatrix(data["x"], label=data["value"]), 2)
+    booster.save_model(tmp_path / "model.json")
+    lgb = lightgbm.train({"verbose": -1}, lightgbm.Dataset(data["x"], data["value"]), 2)
+    lgb.save_model(tmp_path / "model.txt")
+    with pytest.raises(ConfigError, match=r"neither a \.skops file nor a pickle.*type: xgboost"):
+        run(data, adapter("sklearn", path=str(tmp_path / "model.json")))
+    with pytest.raises(chute.ChuteError, match=r"not an XGBoost model file \(.*\): save") as err:
+        run(data, adapter("xgboost", path=str(tmp_path / "model.txt")))
+    assert "Stack trace" not in str(err.value) and "[bt]" not in str(err.value)
+    table = data["table"].append_column("s", pa.array([f"t{i}" for i in range(ROWS)]))
+    spec = adapter("xgboost", path=str(tmp_path / "model.json"))
+    with pytest.raises(ModelError, match=r"column 's' holds 't0', not a number"):
+        chute.predict(table, Model("m", spec, inputs=[*INPUTS[:3], "s"]))
+
+
 def _image_graph(path: Path) -> None:
     """total = sum of a [N, 1, 2, 2] image; scaled = the image times 3 (same shape)."""
     import onnx

@@ -142,7 +142,14 @@ class XGBoostAdapter(_Booster):
         import xgboost
 
         self.booster = xgboost.Booster()
-        self.booster.load_model(self.path)
+        try:
+            self.booster.load_model(self.path)
+        except xgboost.core.XGBoostError as exc:  # its message ends in a C++ stack trace
+            reason = str(exc).split("Stack trace:")[0].strip().splitlines()[-1:]
+            raise ConfigError(
+                f"{self.path!r} is not an XGBoost model file ({' '.join(reason)}): save one "
+                "with booster.save_model('model.json') (or .ubj)."
+            ) from exc
         self._setup()
 
     def _from_wrapper(self, model: Any) -> None:

@@ -168,8 +168,37 @@ def feature_matrix(batch: pa.Table, dtype: Any = None) -> np.ndarray:
             _integers(b, np.dtype(dtype), n)
             for b, n in zip(blocks, batch.column_names, strict=True)
         ]
+    if dtype is not None and np.dtype(dtype).kind in "fc":
+        blocks = [
+            _numbers(b, np.dtype(dtype), n) for b, n in zip(blocks, batch.column_names, strict=True)
+        ]
     matrix = np.hstack(blocks) if len(blocks) > 1 else blocks[0]
     return matrix.astype(dtype, copy=False) if dtype is not None else matrix
+
+
+def _numbers(block: np.ndarray, dtype: np.dtype[Any], name: str) -> np.ndarray:
+    """``block`` as the numbers a model's input takes; text that is not a number is refused
+    naming its column ("could not convert string to float: 't0'" named none, and blamed
+    the model)."""
+    if block.dtype.kind not in "OSU":
+        return block
+    try:
+        return block.astype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise DataError(
+            f"column {name!r} holds {_first_non_number(block)!r}, not a number, and the model "
+            f"takes {dtype} features ({exc}): encode the column as numbers in a preprocess "
+            "step, or leave it out of the model's inputs."
+        ) from exc
+
+
+def _first_non_number(block: np.ndarray) -> Any:
+    for value in block.ravel():
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            return value
+    return block.ravel()[0]
 
 
 def _integers(block: np.ndarray, dtype: np.dtype[Any], name: str) -> np.ndarray:

@@ -25,6 +25,7 @@ columns picked by name, else a 2-D array of the input columns (``input_format`` 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -43,6 +44,8 @@ from chute.models.common import (
 )
 from chute.models.pickles import is_pickle, load_pickle, untrusted_error
 
+_OTHER_KINDS = ((".json", "xgboost"), (".ubj", "xgboost"), (".txt", "lightgbm"), (".onnx", "onnx"))
+"""The adapter a model file of these names is likely for."""
 METHODS = ("auto", "predict", "predict_proba", "decision_function", "transform")
 INPUT_FORMATS = ("auto", "numpy", "pandas")
 
@@ -65,6 +68,13 @@ class SklearnAdapter(FileAdapter):
         if not isinstance(trusted, list) or not all(isinstance(t, str) for t in trusted):
             raise ConfigError(f"trusted must be a list of type names, got {trusted!r}.")
         path = str(options["path"])
+        if not path.endswith(".skops") and os.path.isfile(path) and not is_pickle(path):
+            other = next((k for ends, k in _OTHER_KINDS if path.lower().endswith(ends)), None)
+            raise ConfigError(
+                f"model artifact {path!r} is neither a .skops file nor a pickle: type sklearn "
+                "reads an estimator saved with skops.io.dump (or with joblib, given "
+                "trust_pickle: true)." + (f" For this file, use type: {other}." if other else "")
+            )
         if not path.endswith(".skops") and not options.get("trust_pickle", False):
             raise untrusted_error(cls.kind, path)
 
