@@ -54,9 +54,10 @@ def test_auto_grows_from_a_small_start_and_predicts_as_a_fixed_size(
 ) -> None:
     auto = BatchSize.adaptive(seconds=(0.02, 0.08), start=16)  # ~400 rows a call
     frame, report = _run(engine, tmp_path / "auto", auto)
-    fixed, _ = _run(engine, tmp_path / "fixed", 100)
     assert list(frame.id) == list(range(ROWS))
-    np.testing.assert_array_equal(frame.m_y.to_numpy(), fixed.m_y.to_numpy())
+    # what any fixed batch size gives: the model's value depends on its row only
+    x = np.arange(ROWS, dtype=np.int64) / 7.0
+    np.testing.assert_array_equal(frame.m_y.to_numpy(), np.sin(x) * 3.0 + x)
     assert frame.m_rows.iloc[0] == 16 and frame.m_rows.max() > 16 * 4  # grew
     stats = report.stages["m"]
     assert stats.batch_auto and stats.batch_start == 16 and stats.resizes >= 2
