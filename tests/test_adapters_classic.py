@@ -415,6 +415,16 @@ def test_a_booster_trained_on_pandas_categories_codes_them_as_its_library_does(
     assert list(frame["id"]) == list(range(n))
     np.testing.assert_allclose(frame["m_score"], direct, rtol=1e-6)
     assert len(np.unique(direct.round(4))) > 1  # the categories matter
+    if kind == "xgboost":  # trained on codes (arrays): the file stores no categories
+        codes = np.c_[train["a"], pd.Categorical(zone).codes].astype(np.float64)
+        dcodes = xgboost.DMatrix(codes, label, feature_types=["q", "c"], enable_categorical=True)
+        booster = xgboost.train({"objective": "binary:logistic"}, dcodes, 10)
+        booster.save_model(str(path))
+        table = pa.table({"a": codes[:, 0], "zone": codes[:, 1].astype(np.int64)})
+        frame = chute.predict(
+            table, Model("m", adapter(kind, path=str(path)), inputs=["a", "zone"], batch_size=7)
+        )
+        np.testing.assert_allclose(frame["m_score"], booster.inplace_predict(codes), rtol=1e-6)
 
 
 @pytest.mark.timeout(60)

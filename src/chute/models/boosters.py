@@ -175,7 +175,8 @@ class XGBoostAdapter(_Booster):
             params["device"] = "cuda"
         self.booster.set_param(params)
         types = self.booster.feature_types or []
-        self.categorical = tuple(i for i, kind in enumerate(types) if kind == "c")
+        categorical = tuple(i for i, kind in enumerate(types) if kind == "c")
+        self.categorical = categorical if categorical and _stores_categories(self.booster) else ()
         config = json.loads(self.booster.save_config())
         self.objective = str(config["learner"]["objective"]["name"])
         self.task = _xgboost_task(self.objective)
@@ -200,6 +201,18 @@ class XGBoostAdapter(_Booster):
                 f"{self.path!r} expects {want} features but the model's inputs give {got}: "
                 "list the features the model was trained on, in order, as its inputs."
             )
+
+
+def _stores_categories(booster: Any) -> bool:
+    """Whether an XGBoost model stores the categories it was trained on (3.1+, trained on
+    pandas categories); one trained on codes (arrays) stores none, and takes codes."""
+    get = getattr(booster, "get_categories", None)
+    if get is None:
+        return False
+    try:
+        return not get(export_to_arrow=True).empty()
+    except Exception:  # a release without them: codes, as before
+        return False
 
 
 def _check_xgboost_cuda(model: str) -> None:
