@@ -119,7 +119,7 @@ def test_sklearn_multiclass_probabilities_as_a_float32_list(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", ["mlp", "forest"])
+@pytest.mark.parametrize("kind", ["mlp", "forest", "search"])
 def test_a_classifier_fitted_on_several_labels_a_row_gives_its_labels(
     data: dict[str, Any], tmp_path: Path, kind: str
 ) -> None:
@@ -131,11 +131,14 @@ def test_a_classifier_fitted_on_several_labels_a_row_gives_its_labels(
 
     labels = np.stack([data["binary"], data["multi"] == 2, data["x"][:, 3] > 0], axis=1)
     labels = labels.astype(np.int64)
-    clf = (
-        MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0)
-        if kind == "mlp"
-        else RandomForestClassifier(n_estimators=5, random_state=0)
-    ).fit(data["x"], labels)
+    from sklearn.model_selection import GridSearchCV
+
+    mlp = MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0)
+    clf = {
+        "mlp": mlp,
+        "forest": RandomForestClassifier(n_estimators=5, random_state=0),
+        "search": GridSearchCV(mlp, {"alpha": [1e-4, 1e-3]}, cv=2),  # its best estimator's
+    }[kind].fit(data["x"], labels)
     path = _skops(tmp_path, clf)
     frame = run(data, adapter("sklearn", path=path))
     np.testing.assert_array_equal(lists(frame["m_label"]), clf.predict(data["x"]))
@@ -415,6 +418,18 @@ def test_a_booster_trained_on_pandas_categories_codes_them_as_its_library_does(
     assert list(frame["id"]) == list(range(n))
     np.testing.assert_allclose(frame["m_score"], direct, rtol=1e-6)
     assert len(np.unique(direct.round(4))) > 1  # the categories matter
+    # a null in an int64 category column is a missing value, as in the library's frame
+    nulled = table.set_column(2, "zone", pa.array([None, *zone[1:].tolist()], pa.int64()))
+    frame = chute.predict(
+        nulled, Model("m", adapter(kind, path=str(path)), inputs=["a", "zone", "city"])
+    )
+    missing = train.assign(zone=train["zone"].where(np.arange(n) > 0))
+    want = (
+        booster.predict(xgboost.DMatrix(missing, enable_categorical=True))
+        if kind == "xgboost"
+        else booster.predict(missing)
+    )
+    np.testing.assert_allclose(frame["m_score"], want, rtol=1e-6)
     if kind == "xgboost":  # trained on codes (arrays): the file stores no categories
         codes = np.c_[train["a"], pd.Categorical(zone).codes].astype(np.float64)
         dcodes = xgboost.DMatrix(codes, label, feature_types=["q", "c"], enable_categorical=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from chute import BatchSize, ConfigError, FileSource, Pool
-from chute.config import job_from_dict
+from chute.config import job_from_dict, load_job
 
 BASE: dict[str, Any] = {
     "input": "data/",
@@ -285,3 +286,20 @@ def test_a_table_option_at_its_default_on_a_file_output_is_taken() -> None:
     """A template's `partition_by: []` or `index: null` says nothing a file output lacks."""
     output = {"path": "out/", "partition_by": [], "index": None, "commit_seconds": 5.0}
     assert job_from_dict({**BASE, "output": output}).output is not None
+
+
+def test_a_job_file_reached_through_a_link_and_dot_dot_is_read_where_the_system_finds_it(
+    tmp_path: Path,
+) -> None:
+    """``link/../jobs/job.yaml`` with ``link -> real/sub`` is ``real/jobs/job.yaml``: its
+    relative paths were taken from ``./jobs``, another folder's data and code (exit 0)."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "jobs").mkdir()
+    (tmp_path / "jobs").mkdir()  # the folder the text names: a decoy
+    job = "input: data.parquet\nmodels: [{name: m, fn: 'udf.py:fn'}]\noutput: out\n"
+    (tmp_path / "real" / "jobs" / "job.yaml").write_text(job)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    loaded = load_job(str(tmp_path / "link" / ".." / "jobs" / "job.yaml"))
+    assert isinstance(loaded.source, FileSource)
+    assert loaded.source.paths == [str(tmp_path / "real" / "jobs" / "data.parquet")]
+    assert loaded.models[0].fn == f"{tmp_path / 'real' / 'jobs' / 'udf.py'}:fn"

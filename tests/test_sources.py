@@ -199,7 +199,7 @@ def test_file_uris_are_decoded_as_the_system_names_the_file(
     monkeypatch.chdir(tmp_path)
     _parquet(tmp_path / "my data" / "a.parquet", 4)
     folder = tmp_path / "my data"
-    for uri in (folder.as_uri(), f"file://localhost{folder}"):
+    for uri in (folder.as_uri(), f"file://localhost{folder}", f"file:{folder}", "file://./my data"):
         assert _read_all(FileSource(uri)).num_rows == 4, uri
     for uri, named in [
         ("file://elsewhere/data", "names the host 'elsewhere'"),

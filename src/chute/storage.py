@@ -157,6 +157,10 @@ def local_absolute(path: str) -> str:
     ``archive/2024``): cut as text, it named another folder, whose files were read.
     """
     scheme = scheme_of(path)
+    if scheme == "file" and path[7:8] in ("~", "."):  # file://~/x, file://./x: as before
+        scheme, path = "", path[7:]
+    elif not scheme and path.startswith("file:/"):  # file:/data, as Hadoop and Spark write
+        scheme, path = "file", "file://" + path[5:]
     if scheme == "file":
         uri = urllib.parse.urlsplit(path)
         if uri.netloc not in ("", "localhost"):

@@ -30,6 +30,7 @@ from chute.config.build import build, expand_shorthands
 from chute.config.schema import JobConfig, format_errors
 from chute.config.yamlfile import read_yaml, yaml_problem
 from chute.errors import ChuteError, ConfigError
+from chute.storage import local_absolute
 
 __all__ = ["JobConfig", "format_errors", "job_from_dict", "load_job", "read_yaml", "yaml_problem"]
 
@@ -38,7 +39,7 @@ def load_job(path: str, **overrides: Any) -> Job:
     """Read a YAML job file; ``overrides`` (input, output, batch_size, pool, engine,
     address) replace what the file says."""
     raw = read_yaml(path)
-    return job_from_dict(raw, base=os.path.dirname(os.path.abspath(path)), **overrides)
+    return job_from_dict(raw, base=os.path.dirname(local_absolute(path)), **overrides)
 
 
 def job_from_dict(raw: dict[str, Any], base: str = ".", **overrides: Any) -> Job:

@@ -140,7 +140,7 @@ def _lives_in(target: str, base: str) -> bool:
     """Whether ``target`` names a file or module inside ``base`` (not an installed package)."""
     module = target.rpartition(":")[0]
     if module.endswith(".py"):
-        path, folder = _resolve(module, base), local_absolute(base)
+        path, folder = (os.path.realpath(p) for p in (_resolve(module, base), base))
         return os.path.commonpath([path, folder]) == folder
     top = module.split(".")[0]
     return os.path.exists(os.path.join(base, f"{top}.py")) or os.path.exists(

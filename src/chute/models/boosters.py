@@ -124,8 +124,11 @@ class _Booster(FileAdapter):
         for i, name in enumerate(table.column_names):
             column = table.column(i)
             if i in self.categorical:
-                values = column.to_pandas(types_mapper=None).to_numpy(dtype=object)
-                columns[name] = pd.Categorical(values)
+                if pa.types.is_dictionary(column.type):
+                    column = column.cast(column.type.value_type)
+                # Python's values: an int64 column with a null stays ints (through pandas it
+                # became floats, which XGBoost refuses as categories)
+                columns[name] = pd.Categorical(column.to_pylist())
             else:
                 columns[name] = feature_matrix(table.select([i]), self.dtype)[:, 0]
         return pd.DataFrame(columns)

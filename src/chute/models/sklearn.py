@@ -152,10 +152,17 @@ def _choose_method(estimator: Any, method: str) -> str:
 
 
 def _several_labels(estimator: Any) -> bool:
-    """Whether a classifier (a pipeline's last step) was fitted on several labels a row:
+    """Whether a classifier (a pipeline's last step, a search's best estimator) was fitted
+    on several labels a row:
     its classes are a list (trees, forests, MultiOutputClassifier), it has several outputs
     (k-neighbours), or it binarized a label indicator matrix (MLPClassifier, one-vs-rest)."""
-    final = estimator.steps[-1][1] if hasattr(estimator, "steps") else estimator
+    final = estimator
+    for _ in range(10):  # a pipeline's last step, a search's best estimator, nested
+        inner = final.steps[-1][1] if hasattr(final, "steps") else None
+        inner = getattr(final, "best_estimator_", inner)
+        if inner is None:
+            break
+        final = inner
     if isinstance(getattr(final, "classes_", None), list):
         return True
     if getattr(final, "n_outputs_", 1) > 1 or getattr(final, "outputs_2d_", False):

@@ -161,7 +161,12 @@ def _listing(
     # "data/" on an object store with an object "data" beside the keys "data/...": the
     # folder, as written (a 0-byte "data" is an S3 console's folder marker); the object
     # only where no key is under "data/"
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except NotADirectoryError:  # fsspec's stores: a file is no folder, "data.parquet/" too
+        if info.type != pafs.FileType.File:
+            raise
+        infos = []
     if info.type == pafs.FileType.File and info.size and not any(i.is_file for i in infos):
         return [info]
     _refuse_dangling(fs, path, infos, underscore_files)

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from chute.errors import DataError
 from chute.sources.memory import TableSource
-from chute.storage import StorageOptions, redact, resolve
+from chute.storage import StorageOptions, is_remote, redact, resolve
 
 REQUESTS_PER_UNIT = 256
 """Requests per unit: what a kill can cost at most per unit in flight."""
@@ -78,7 +78,9 @@ def input_files(paths: Sequence[str], storage: StorageOptions | None = None) -> 
             kind = fs.get_file_info(where).type
         except OSError:
             kind = None  # read as a file: its error names it
-        folder = kind == pafs.FileType.Directory
+        # "reqs/" on an object store: the folder, as FileSource reads it, where an object
+        # "reqs" sits beside the keys "reqs/..."
+        folder = kind == pafs.FileType.Directory or (path.endswith("/") and is_remote(path))
         if not (folder or (has_glob(where) and kind == pafs.FileType.NotFound)):
             files.append(path)
             continue
