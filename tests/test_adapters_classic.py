@@ -430,6 +430,17 @@ def test_a_booster_trained_on_pandas_categories_codes_them_as_its_library_does(
         else booster.predict(missing)
     )
     np.testing.assert_allclose(frame["m_score"], want, rtol=1e-6)
+    if kind == "lightgbm":  # an int column named categorical by index beside a category one
+        store = rng.integers(0, 5, n)
+        frame2 = train.assign(store=store)
+        data = lightgbm.Dataset(frame2, label, categorical_feature=[3])
+        lightgbm.train(params, data, 5).save_model(str(path))
+        spec = adapter(kind, path=str(path))
+        with pytest.raises(ConfigError, match=r"splits on \['store'\] as categorical"):
+            chute.predict(
+                table.append_column("store", pa.array(store)),
+                Model("m", spec, inputs=["a", "zone", "city", "store"]),
+            )
     if kind == "xgboost":  # trained on codes (arrays): the file stores no categories
         codes = np.c_[train["a"], pd.Categorical(zone).codes].astype(np.float64)
         dcodes = xgboost.DMatrix(codes, label, feature_types=["q", "c"], enable_categorical=True)

@@ -305,12 +305,23 @@ def _lightgbm_categorical(booster: Any, path: str) -> tuple[int, ...]:
         return ()
     found = re.search(r"^\[categorical_feature: ([0-9,]*)\]$", booster.model_to_string(), re.M)
     indices = tuple(int(i) for i in found.group(1).split(",") if i) if found else ()
-    if len(indices) != len(booster.pandas_categorical):
+    # The categories belong to the frame's category columns, which the file does not name:
+    # taken as its categorical features, each one's codes must fit its categories (an int
+    # column named categorical by index beside a category column the model took as numbers)
+    infos = booster.dump_model().get("feature_infos", {})
+    names = booster.feature_name()
+    fits = len(indices) == len(booster.pandas_categorical) and all(
+        i < len(names) and int(infos.get(names[i], {}).get("max_value", 0)) < len(categories)
+        for i, categories in zip(indices, booster.pandas_categorical, strict=False)
+    )
+    if not fits:
         raise ConfigError(
-            f"{path!r} stores categories for {len(booster.pandas_categorical)} feature(s) "
-            f"but names {len(indices)} categorical feature(s): chute cannot tell which "
-            "features they code. Train with categorical_feature='auto' on a pandas frame, "
-            "or on codes without pandas categories."
+            f"{path!r} stores the categories of {len(booster.pandas_categorical)} pandas "
+            "category column(s) and splits on "
+            f"{[names[i] for i in indices if i < len(names)]} as categorical, and does not "
+            "say which columns the categories belong to: chute cannot code them as LightGBM "
+            "did. Train with categorical_feature='auto' on a pandas frame, or on codes "
+            "without pandas categories."
         )
     return indices
 
