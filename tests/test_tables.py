@@ -9,6 +9,7 @@ moments and at injected points around the table commit (``tests/table_chaos.py``
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import re
@@ -967,6 +968,18 @@ def test_a_binary_delta_partition_column_is_refused(tmp_path: Path, kind: pa.Dat
     sink = table_sink("delta", tmp_path, partition_by=("b",))
     with pytest.raises(chute.DataError, match=rf"partition column 'b' is {kind}: a delta table"):
         job(source, sink, carryover=("id", "b")).run()
+
+
+@pytest.mark.timeout(120)
+def test_a_negative_fractional_decimal_delta_partition_is_refused(tmp_path: Path) -> None:
+    """delta-rs reads the partition value "-0.500000" back as "0.-500000": the run was
+    complete and the table could not be read any more."""
+    source = tmp_path / "in.parquet"
+    column = pa.array([decimal.Decimal(v) for v in ("12.5", "-12", "-0.5")], pa.decimal128(24, 6))
+    pq.write_table(pa.table({"id": [0, 1, 2], "x": [0.5, 1.5, 2.5], "d": column}), source)
+    sink = table_sink("delta", tmp_path, partition_by=("d",))
+    with pytest.raises(chute.DataError, match=r"'d' holds -0.500000, a negative decimal"):
+        job(source, sink, carryover=("id", "d")).run()
 
 
 def test_partition_specs_a_format_cannot_hold_are_refused() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import decimal
 import importlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -260,6 +261,15 @@ def partition_values(piece: pa.Table, fields: Sequence[PartitionField]) -> dict[
                     "table keeps as null: its rows would be read back with null there. Give "
                     "them a value (or null) in the model or preprocess step, or partition by "
                     "another column."
+                )
+            fraction = isinstance(value, decimal.Decimal) and value != value.to_integral_value()
+            if fraction and value < 0:
+                raise DataError(
+                    f"partition column {f.column!r} holds {value}, a negative decimal with a "
+                    "fraction: delta-rs reads such a partition value back as no number "
+                    "('0.-500000' for -0.5), so the table could not be read. Partition by "
+                    "another column, or by a text or scaled integer form of this one made "
+                    "in a preprocess step."
                 )
             values[f.column] = _partition_text(value)
     return values
