@@ -982,6 +982,25 @@ def test_a_negative_fractional_decimal_delta_partition_is_refused(tmp_path: Path
         job(source, sink, carryover=("id", "d")).run()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["iceberg", "delta", "lance"])
+def test_a_sort_by_column_the_output_lacks_or_cannot_order_is_named(
+    fmt: str, tmp_path: Path
+) -> None:
+    """``sort_by: [nosuch]`` failed after compute with Arrow's message and every row of the
+    part in it, as a data error (exit 3); a list column, with "Sorting not supported"."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [0, 1, 2], "x": [0.5, 1.5, 2.5], "tag": list("abc")}), source)
+    for column, named in [
+        ("nosuch", "which the job's output does not have"),
+        ("m_vec", "has no order"),
+    ]:
+        sink = table_sink(fmt, tmp_path / column, sort_by=(column,))
+        with pytest.raises(chute.ConfigError, match=rf"sort_by names '{column}'.* {named}") as err:
+            job(source, sink).run()
+        assert "0.5" not in str(err.value)  # no rows in the message
+
+
 def test_partition_specs_a_format_cannot_hold_are_refused() -> None:
     with pytest.raises(chute.ConfigError, match="lance tables have no partitions"):
         TableSink("t.lance", format="lance", partition_by=("tag",))

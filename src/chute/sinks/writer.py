@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from chute.errors import DataError
+from chute.errors import ConfigError, DataError
 from chute.evaluation import Evaluation
 from chute.job import FileTarget, Sink
 from chute.retry import retrying
@@ -242,7 +242,7 @@ class PartWriter:
         assert isinstance(self.sink, TableSink)
         data = part.drop_columns([KEY])
         if self.sink.sort_by:
-            data = data.sort_by([(c, "ascending") for c in self.sink.sort_by])
+            data = _sorted(data, self.sink.sort_by)
         data = _not_null(data, self.sink, unit)
         if self.sink.format == "lance":
             return self._put_lance(data)
@@ -315,6 +315,24 @@ class PartWriter:
     def _name(unit: int, start: int, fmt: str) -> str:
         """A part's unique name: its first unit and row, then a random tag."""
         return f"part-{unit:06d}-{start:010d}-{uuid.uuid4().hex[:8]}{EXTENSIONS[fmt]}"
+
+
+def _sorted(data: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``data`` sorted by the sink's ``sort_by``; a column it lacks, or one Arrow cannot
+    order (a list), refused naming it (the message was Arrow's, with the part's rows)."""
+    for name in columns:
+        if name not in data.column_names:
+            raise ConfigError(
+                f"sort_by names {name!r}, which the job's output does not have (its columns: "
+                f"{', '.join(data.column_names)}): sort by an output column, or write it."
+            )
+        kind = data.schema.field(name).type
+        if pa.types.is_nested(kind) or isinstance(kind, pa.BaseExtensionType):
+            raise ConfigError(
+                f"sort_by names {name!r}, a {kind} column, which has no order: sort by a "
+                "column of numbers, text, times or dates."
+            )
+    return data.sort_by([(c, "ascending") for c in columns])
 
 
 def _not_null(table: pa.Table, sink: TableSink, unit: int) -> pa.Table:
