@@ -178,7 +178,9 @@ def local_absolute(path: str) -> str:
         path = urllib.parse.unquote(uri.path)
     elif scheme:  # local://path
         path = path.split("://", 1)[1]
-    path = os.path.join(os.getcwd(), os.path.expanduser(path))
+    path = os.path.expanduser(path)
+    if not os.path.isabs(path):  # only then: a worker's own folder may be gone (getcwd fails)
+        path = os.path.join(os.getcwd(), path)
     segments = path.split("/")
     if ".." in segments:
         last = len(segments) - segments[::-1].index("..")
