@@ -198,7 +198,7 @@ def _s3(uri: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
     if not bucket:
         raise ConfigError(f"{redact(uri)!r} names no bucket: write it like 's3://bucket/prefix'.")
     key = key.strip("/")
-    odd = next((part for part in key.split("/") if part in ("", ".", "..")), None)
+    odd = odd_segment(key)
     if key and odd is not None:
         segment = f"a {odd!r} segment" if odd else "an empty segment ('//')"
         raise ConfigError(
@@ -217,6 +217,12 @@ def _s3(uri: str, storage: StorageOptions) -> tuple[pafs.FileSystem, str]:
         if fs is None:
             fs = _CACHE[cache_key] = _s3_filesystem(bucket, credentials, anonymous, storage)
     return fs, _strip(f"{netloc}/{key}" if key else netloc)
+
+
+def odd_segment(key: str) -> str | None:
+    """A segment of an S3 key that pyarrow's client does not send as written (``""`` for
+    ``//``, ``.`` or ``..``), or ``None``."""
+    return next((part for part in key.split("/") if part in ("", ".", "..")), None)
 
 
 def _s3_filesystem(

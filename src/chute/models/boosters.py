@@ -303,15 +303,17 @@ def _lightgbm_categorical(booster: Any, path: str) -> tuple[int, ...]:
     ``()`` for one trained on arrays, whose category features are given as codes."""
     if not getattr(booster, "pandas_categorical", None):
         return ()
-    found = re.search(r"^\[categorical_feature: ([0-9,]*)\]$", booster.model_to_string(), re.M)
+    text = booster.model_to_string()
+    found = re.search(r"^\[categorical_feature: ([0-9,]*)\]$", text, re.M)
     indices = tuple(int(i) for i in found.group(1).split(",") if i) if found else ()
     # The categories belong to the frame's category columns, which the file does not name:
     # taken as its categorical features, each one's codes must fit its categories (an int
     # column named categorical by index beside a category column the model took as numbers)
-    infos = booster.dump_model().get("feature_infos", {})
+    ranges = re.search(r"^feature_infos=(.*)$", text, re.M)
+    infos = ranges.group(1).split() if ranges else []
     names = booster.feature_name()
     fits = len(indices) == len(booster.pandas_categorical) and all(
-        i < len(names) and int(infos.get(names[i], {}).get("max_value", 0)) < len(categories)
+        i < len(infos) and _largest_code(infos[i]) < len(categories)
         for i, categories in zip(indices, booster.pandas_categorical, strict=False)
     )
     if not fits:
@@ -324,6 +326,13 @@ def _lightgbm_categorical(booster: Any, path: str) -> tuple[int, ...]:
             "without pandas categories."
         )
     return indices
+
+
+def _largest_code(info: str) -> float:
+    """The largest value of a LightGBM ``feature_infos`` entry: ``[min:max]`` for a numeric
+    feature, ``a:b:c`` (its codes) for a categorical one, ``none`` for an unused one."""
+    values = [float(v) for v in info.strip("[]").split(":") if v not in ("", "none")]
+    return max(values, default=0.0)
 
 
 def _lightgbm_task(objective: str) -> str:

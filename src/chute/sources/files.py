@@ -49,6 +49,7 @@ from chute.storage import (
     check,
     is_local,
     is_remote,
+    odd_segment,
     open_input_file,
     parquet_metadata,
     permanent,
@@ -75,7 +76,7 @@ def _refuse_unaddressable(fs: pafs.FileSystem, paths: list[str], uri: Any) -> No
     read or left out as a bad file."""
     if not isinstance(fs, pafs.S3FileSystem):
         return
-    odd = [p for p in paths if any(part in ("", ".", "..") for part in p.split("/"))]
+    odd = [p for p in paths if odd_segment(p) is not None]
     if odd:
         shown = ", ".join(repr(uri(p)) for p in odd[:3]) + (", ..." if len(odd) > 3 else "")
         raise ConfigError(
