@@ -6,6 +6,7 @@ of ending it with exit 0 and rows missing."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,10 @@ def double(batch):
     return {"y": batch.column("x").to_numpy() * 2}
 
 
+def ids(batch):
+    return {"y": batch.column("id")}
+
+
 def halves(batch):
     return {"y": batch.column("x").to_numpy() / 2}
 
@@ -35,6 +40,15 @@ def halves(batch):
 def leaves(batch):
     if batch.column("id")[0].as_py() >= 20:
         sys.exit(0)
+    return {"y": batch.column("x")}
+
+
+def plants(batch):  # another writer, adding a folder inside this job's output
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "out" / "sub"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "part-0.parquet").write_bytes(b"PAR1")
     return {"y": batch.column("x")}
 
 
@@ -333,3 +347,51 @@ def test_a_copy_of_chutes_files_in_a_folder_chute_never_claimed_is_the_users(
         code, text = invoke(args[0], str(job(project, "combined")), *args[1:])
         assert code == 5 and "part-000007-0000000000-deadbeef.parquet" in text, text
     assert files(out) == before
+
+
+def test_an_output_inside_another_jobs_output_is_refused(project: Path) -> None:
+    """A job writing into ``out/sub`` beside a finished ``out`` ran, exit 0: a reader of
+    ``out`` (``pandas.read_parquet``) then read both jobs' rows as ``out``'s."""
+    assert invoke("run", str(job(project, "out")), "-q")[0] == 0
+    before = files(project / "out")
+    for command in (["validate"], ["run", "-q"]):
+        code, out = invoke(command[0], str(job(project, "out/sub", name="b.yaml")), *command[1:])
+        assert code == 5, out
+        assert "is inside the output of another chute job" in out and "/out'" in out, out
+    assert files(project / "out") == before
+    assert pq.read_table(project / "out").num_rows == 30
+
+
+def test_entries_another_writer_adds_during_a_run_are_never_marked_finished(
+    project: Path,
+) -> None:
+    """A folder another job made inside the output while it ran: the run wrote
+    ``_SUCCESS`` over it, and the folder read as twice the rows."""
+    spec = job(project, "out", fn="plants")
+    code, out = invoke("run", str(spec), "-q")
+    assert code == 5, out
+    assert "gained entries chute did not write during the run: 'sub'" in out, out
+    assert not (project / "out" / "_SUCCESS").exists()
+    shutil.rmtree(project / "out" / "sub")
+    assert invoke("run", str(job(project, "out")), "-q", "--overwrite")[0] == 0
+    assert pq.read_table(project / "out").num_rows == 30
+
+
+@pytest.mark.parametrize("given", ["out/", "out/*.parquet"])
+def test_an_input_that_is_an_unfinished_jobs_output_is_refused(project: Path, given: str) -> None:
+    """A job reading another's output before it finished took the parts committed so far
+    for the whole input, and reported itself complete."""
+    assert invoke("run", str(job(project, "out")), "-q")[0] == 0
+    (project / "out" / "_SUCCESS").unlink()  # as while that job still runs
+    reader = project / "b.yaml"
+    reader.write_text(
+        f"input: {given}\noutput: out2\nengine: local\ncarryover: [id]\n"
+        "models: [{name: n, fn: 'model.py:ids', inputs: [id]}]\n"
+    )
+    code, out = invoke("run", str(reader), "-q")
+    assert code == 3, out
+    assert "reads the output of a chute job that has not finished" in out, out
+    assert not (project / "out2").exists()
+    (project / "out" / "_SUCCESS").touch()  # finished: its parts are its result
+    assert invoke("run", str(reader), "-q")[0] == 0
+    assert pq.read_table(project / "out2").num_rows == 30

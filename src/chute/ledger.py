@@ -61,6 +61,8 @@ from chute.lease import OWNERS_DIR, Lease
 from chute.retry import retrying
 from chute.sinks import ERRORS_DIR, output_filesystem
 from chute.storage import (
+    META_DIR,
+    SUCCESS,
     StorageOptions,
     append,
     check,
@@ -134,8 +136,6 @@ def _is_part(name: str) -> bool:
     return PART_NAME.fullmatch(temporary.group(1) if temporary else name) is not None
 
 
-META_DIR = "_chute"
-SUCCESS = "_SUCCESS"
 LEDGER_FILE = "ledger.jsonl"
 LEDGER_DIR = "ledger"
 MANIFEST = "manifest.json"

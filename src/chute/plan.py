@@ -65,11 +65,6 @@ class StagePlan:
     """Why it starts there, and what ``auto`` aims for (``chute plan`` says it)."""
     adaptive: bool = False
     """Whether replicas measure their calls and move the size (``batch_size: auto``)."""
-    shared: tuple[str, ...] = ()
-    """The inputs something reads after this model (a carried column, a later model's
-    input, a metric's): a NumPy batch gets them as copies, not views of the batch's
-    buffers, which ``torch.from_numpy(x).div_(10)`` writes into in spite of their
-    read-only flag (the carried column was written divided)."""
 
 
 @dataclass(frozen=True)
@@ -90,21 +85,16 @@ class PreprocessPlan:
     copies: int | None
     cpus_each: float
 
-    shared: tuple[str, ...] = ()
-    """The inputs something reads after the step (see :attr:`StagePlan.shared`)."""
-
     @classmethod
     def of(
         cls,
         spec: Preprocess,
         inputs: Sequence[str],
         protected: Sequence[str],
-        later: frozenset[str] | None = None,
     ) -> PreprocessPlan:
         copies = None if spec.cpus is None else max(1, int(spec.cpus))
         cpus_each = 1.0 if spec.cpus is None else min(spec.cpus, 1.0)
-        shared = tuple(c for c in inputs if later is None or c in later)
-        return cls(spec, tuple(inputs), tuple(protected), copies, cpus_each, shared)
+        return cls(spec, tuple(inputs), tuple(protected), copies, cpus_each)
 
 
 @dataclass
@@ -150,7 +140,7 @@ class Plan:
         if spec is None:
             return None
         inputs = spec.inputs or self.read_columns or self.source.schema().names
-        return PreprocessPlan.of(spec, inputs, self.carryover, read_later(self.job, self.carryover))
+        return PreprocessPlan.of(spec, inputs, self.carryover)
 
     @property
     def evaluation(self) -> Evaluation:
@@ -386,10 +376,7 @@ def build_plan(job: JobSpec, limit: int | None = None) -> Plan:
         raise DataError("the input dataset has no rows: nothing to predict.")
     if limit is not None:
         units = _limit(readable, limit, job.source, job.on_bad_input == "skip")
-    stages = [
-        _stage(job, m, schema, readable, read_later(job, carry, i + 1))
-        for i, m in enumerate(job.models)
-    ]
+    stages = [_stage(job, m, schema, readable) for m in job.models]
     plan = Plan(job, units, read_columns, carry, stages, list(units))
     plan.source_columns = list(schema.names)
     _ = plan.evaluation  # two metrics reported under one name fail here, before any compute
@@ -613,36 +600,24 @@ def _made_by(column: str, models: Sequence[str]) -> bool:
     return any(column == m or column.startswith(m + "_") for m in models)
 
 
-def read_later(job: JobSpec, carry: Sequence[str], first: int = 0) -> frozenset[str] | None:
-    """The columns read after a stage: carried, the inputs of the models from ``first``
-    on, the metrics'. ``None``: every column (a model or metric that reads them all)."""
-    later = job.models[first:]
-    if any(m.inputs is None for m in later) or any(_reads_every_column(m) for m in job.metrics):
-        return None
-    metrics = {c for metric in job.metrics for c in metric.columns()}
-    return frozenset(carry) | {c for m in later for c in m.inputs or ()} | metrics
-
-
 def _stage(
     job: JobSpec,
     model: Model,
     schema: pa.Schema,
     units: list[Unit],
-    later: frozenset[str] | None = None,
 ) -> StagePlan:
     inputs = model.inputs if model.inputs is not None else tuple(schema.names)
-    shared = tuple(c for c in inputs if later is None or c in later)
     size = model.batch_size
     if size.auto:
         rows, note, adaptive = _auto_start(model, inputs, schema)
-        return StagePlan(model, tuple(inputs), rows, model.batch_format, note, adaptive, shared)
+        return StagePlan(model, tuple(inputs), rows, model.batch_format, note, adaptive)
     if size.rows is not None:
         rows, note = size.rows, f"{size.rows:,} rows a call, fixed"
     else:
         width = _row_bytes(job, inputs, schema, units)
         rows = size.rows_for(width)
         note = f"{rows:,} rows a call, fixed: {size.bytes:,} bytes at ~{width:,.0f} bytes a row"
-    return StagePlan(model, tuple(inputs), rows, model.batch_format, note, shared=shared)
+    return StagePlan(model, tuple(inputs), rows, model.batch_format, note)
 
 
 def _auto_start(model: Model, inputs: Sequence[str], schema: pa.Schema) -> tuple[int, str, bool]:

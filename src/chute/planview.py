@@ -16,14 +16,14 @@ from chute.engines.resources import StageResources
 from chute.errors import ChuteError, ConfigError, JobStateError
 from chute.job import JobSpec, Model, describe_changes, fingerprint_of
 from chute.lease import live_claims
-from chute.ledger import META_DIR, Ledger
+from chute.ledger import Ledger
 from chute.models import Adapter, AdapterSpec
 from chute.plan import Plan, StagePlan, build_plan
 from chute.preflight import check_job, check_machine
 from chute.report import Report, model_notes
 from chute.sinks import output_filesystem
 from chute.stages import PreprocessStage
-from chute.storage import StorageOptions, redact
+from chute.storage import META_DIR, StorageOptions, redact
 from chute.tableledger import TableLedger, table_jobs
 from chute.tables import JOBS_DIR, TableSink, open_table
 from chute.terminal import Folded

@@ -29,10 +29,10 @@ from chute.errors import ConfigError, JobStateError, ResourceError
 from chute.job import JobSpec, describe_changes
 from chute.job.values import show_bytes
 from chute.lease import live_claims
-from chute.ledger import META_DIR, Ledger, foreign_error, foreign_files
+from chute.ledger import Ledger, foreign_error, foreign_files
 from chute.plan import Plan
 from chute.sinks import EXTENSIONS, output_filesystem
-from chute.storage import check, redact
+from chute.storage import META_DIR, check, redact
 from chute.tables import TableSink
 from chute.usercode import check_callable, import_string
 
@@ -171,6 +171,7 @@ def check_output(
     check(sink.path, sink.storage, "output")
     fs, root = output_filesystem(sink.path, sink.storage)
     _check_apart(job, fs, root, EXTENSIONS[sink.format])
+    _check_not_inside(fs, root, where)
     kind = fs.get_file_info(root).type
     if kind == pafs.FileType.File:
         raise JobStateError(
@@ -192,6 +193,26 @@ def check_output(
     if overwrite:
         return f"output {where} will be overwritten (at the run's first commit)"
     return _holds(fs, root, where, fingerprint, description)
+
+
+def _check_not_inside(fs: pafs.FileSystem, root: str, where: str) -> None:
+    """The output is not a folder inside another chute job's output: a reader of that one
+    (``pandas.read_parquet``, Spark) reads its folders too, and would take this job's
+    rows for its own, ``_SUCCESS`` and all."""
+    parents = []
+    path = root.rstrip("/")
+    while "/" in path.strip("/"):
+        path = path.rsplit("/", 1)[0] or "/"
+        parents.append(path)
+    metas = [f"{parent.rstrip('/')}/{META_DIR}" for parent in parents]
+    for parent, info in zip(parents, fs.get_file_info(metas), strict=True):
+        if info.type == pafs.FileType.Directory:
+            raise JobStateError(
+                f"output {where!r} is inside the output of another chute job "
+                f"({redact(parent)!r}, whose {META_DIR}/ is there): a reader of that folder "
+                "reads the folders in it too, and would count this job's rows as its own. "
+                "Choose an output location outside it."
+            )
 
 
 def _check_apart(job: JobSpec, fs: pafs.FileSystem, root: str, extension: str) -> None:

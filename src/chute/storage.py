@@ -41,6 +41,10 @@ from chute.errors import ConfigError, write_error
 
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 S3_SCHEMES = ("s3", "s3a")
+META_DIR = "_chute"
+"""chute's folder in an output location: its ledger, claims and report."""
+SUCCESS = "_SUCCESS"
+"""The file a finished output holds beside its parts."""
 DEFAULT_RETRIES = 6
 """Attempts per S3 request (the AWS SDK's standard strategy: throttling, 5xx, dropped
 connections, with exponential backoff and jitter). chute's own bounded retries wrap it."""

@@ -53,15 +53,14 @@ import pyarrow.fs as pafs
 from chute.errors import JobStateError, ModelError
 from chute.job import describe_changes
 from chute.lease import Lease
-from chute.ledger import LEDGER_DIR, LEDGER_FILE, MANIFEST, SUCCESS, Ledger
+from chute.ledger import LEDGER_DIR, LEDGER_FILE, MANIFEST, Ledger
 from chute.retry import retrying
 from chute.sinks import output_filesystem
 from chute.stages import holds_null
-from chute.storage import append, check, is_local, make_dir
+from chute.storage import META_DIR, SUCCESS, append, check, is_local, make_dir
 from chute.tables import (
     DATA_DIR,
     JOBS_DIR,
-    META_DIR,
     DataFile,
     Table,
     TableSink,

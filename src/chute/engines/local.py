@@ -170,7 +170,7 @@ class _Run:
         pre = self.plan.preprocess
         if pre is None:
             return channel
-        stage = PreprocessStage(pre.spec, pre.inputs, pre.protected, pre.shared)
+        stage = PreprocessStage(pre.spec, pre.inputs, pre.protected)
         workers = pre.copies or self.readers  # unset: one beside each reader
         out = self._channel(workers)
         self._spawn("preprocess", workers, partial(self._map, stage, "preprocess", channel, out))
@@ -216,7 +216,6 @@ class _Run:
                     threads=growth.build_threads(mine),
                     rows=stage.batch_rows,
                     outputs=self.outputs[stage.model.name],
-                    shared=stage.shared,
                 )
             except Exception as exc:
                 if not (growth.grows and mine > 0):

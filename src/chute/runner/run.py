@@ -17,7 +17,7 @@ from chute.engines import Engine, EngineOptions
 from chute.errors import ChuteError, JobStateError, ModelError, translate
 from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
-from chute.ledger import Ledger
+from chute.ledger import Ledger, foreign_files
 from chute.plan import Plan, build_plan
 from chute.preflight import check_job, check_memory
 from chute.report import ProgressBar, Report
@@ -206,7 +206,20 @@ def _finish(ledger: Ledger, run: Run, report: Report, saw_null: bool = False) ->
             f"{report.output!r}. Nothing is marked finished; run the job again to redo them."
         )
     sink = run.plan.job.output
-    if not isinstance(sink, TableSink) and sink is not None and sink.format == "parquet":
+    files = not isinstance(sink, TableSink) and sink is not None  # a table holds its own
+    strangers = foreign_files(ledger.fs, ledger.root, claimed=True) if files else []
+    if strangers:  # written during the run (preflight refused any before it)
+        report.complete, report.stopped = False, "files chute did not write appeared"
+        _save(ledger, run, report)
+        shown = ", ".join(repr(name) for name in strangers[:5])
+        raise JobStateError(
+            f"output {report.output!r} gained entries chute did not write during the run: "
+            f"{shown}{' …' if len(strangers) > 5 else ''}. A reader of the folder would take "
+            "them for results (another job writing inside this output?), so nothing is "
+            "marked finished. Move them away, then run the job again: it finishes from its "
+            "ledger."
+        )
+    if files and sink is not None and sink.format == "parquet":
         resumed = len(run.plan.pending) < len(run.plan.units)  # earlier runs' files too
         if saw_null or resumed:
             retype_null_columns(ledger)

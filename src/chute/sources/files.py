@@ -44,7 +44,9 @@ from chute.sources.base import (
     unreadable,
 )
 from chute.storage import (
+    META_DIR,
     S3_SCHEMES,
+    SUCCESS,
     StorageOptions,
     check,
     is_local,
@@ -149,6 +151,7 @@ def _listing(
         files = [i for i in infos if i.is_file and matches(i.path)]
         if not files:
             raise DataError(f"the glob {redact(original)!r} matches no files. Check the pattern.")
+        _refuse_unfinished(infos, files, original)
         return sorted(files, key=lambda i: i.path)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
@@ -178,7 +181,28 @@ def _listing(
         and not _hidden(i.path[len(path) :], underscore_files)
         and (keep_empty or (i.size or 0) > 0)
     ]
+    _refuse_unfinished(infos, files, original)
     return sorted(files, key=lambda i: i.path)
+
+
+def _refuse_unfinished(
+    infos: list[pafs.FileInfo], files: list[pafs.FileInfo], original: str
+) -> None:
+    """Refuse input files inside the output of a chute job that has not finished (its
+    ``_chute/job.json`` is there, its ``_SUCCESS`` not yet): a pipeline started before the
+    job it reads from would take the rows committed so far, and the parts a stopped run
+    left, for the whole result, and report itself complete."""
+    marker, done = f"/{META_DIR}/job.json", f"/{SUCCESS}"
+    outputs = {i.path[: -len(marker)] for i in infos if i.path.endswith(marker)}
+    unfinished = outputs - {i.path[: -len(done)] for i in infos if i.path.endswith(done)}
+    for output in sorted(unfinished, key=len):
+        if any(i.path.startswith(f"{output}/") for i in files):
+            raise DataError(
+                f"input {redact(original)!r} reads the output of a chute job that has not "
+                f"finished ({redact(output)!r} has no {SUCCESS}): it holds only the rows "
+                "committed so far. Run this job once that one has finished (`chute status "
+                "<its output>` tells), or finish it first (run it again: it resumes)."
+            )
 
 
 def _refuse_dangling(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -12,11 +11,12 @@ from chute.errors import DataError, ModelError
 from chute.job import BatchFormat
 
 
-def to_format(table: pa.Table, fmt: BatchFormat, copies: Collection[str] = ()) -> Any:
-    """The batch a user function receives. A NumPy array is a read-only view of the
-    batch's buffer where Arrow allows; those named in ``copies`` (columns something reads
-    after the function) are copies instead: ``torch.from_numpy`` writes into a read-only
-    array all the same, and the carried column was written as the model had changed it."""
+def to_format(table: pa.Table, fmt: BatchFormat) -> Any:
+    """The batch a user function receives. NumPy arrays are the function's own (copies
+    where Arrow would give a read-only view of the batch's buffer): ``torch.from_numpy``
+    writes into a read-only array all the same, and a model that scaled its input in place
+    changed the carried column, the rows a retried call (a bisection, an out-of-memory
+    split) was given again, and the table a caller passed to ``chute.run``."""
     if fmt == "pyarrow":
         return table
     if fmt == "pandas":
@@ -29,10 +29,9 @@ def to_format(table: pa.Table, fmt: BatchFormat, copies: Collection[str] = ()) -
         frame.index = pd.RangeIndex(len(frame))
         return frame
     arrays = {name: _to_numpy(table.column(name), name) for name in table.column_names}
-    for name in copies:
-        if name in arrays and not arrays[name].flags.writeable:
-            arrays[name] = arrays[name].copy()
-    return arrays
+    return {
+        name: array if array.flags.writeable else array.copy() for name, array in arrays.items()
+    }
 
 
 def _to_numpy(column: pa.ChunkedArray, name: str) -> np.ndarray:

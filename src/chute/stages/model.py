@@ -72,7 +72,6 @@ class ModelStage:
         timer: Callable[[], float] = time.perf_counter,
         threads: int | None = None,
         outputs: OutputTypes | None = None,
-        shared: Sequence[str] = (),
     ) -> None:
         """``target`` and ``ctor`` replace ``model.fn`` and its arguments when an engine
         ships them separately (on Ray: through the object store, once); ``gpu`` is the
@@ -85,8 +84,6 @@ class ModelStage:
         """The intra-op threads each model call sets (torch's, on the calling thread); an
         engine may change them between calls (the local engine, as its pool grows)."""
         self.inputs = list(inputs)
-        self.shared = frozenset(shared)
-        """Inputs read after this model: a NumPy batch gets them as copies (:func:`to_format`)."""
         self.batch_format: BatchFormat = model.batch_format
         self.on_error = model.on_error
         self.clock = StageClock()
@@ -234,7 +231,7 @@ class ModelStage:
 
     def _predict(self, view: pa.Table, batch: Any = None) -> dict[str, pa.Array]:
         if batch is None:
-            batch = to_format(self._model_view(view), self.batch_format, self.shared)
+            batch = to_format(self._model_view(view), self.batch_format)
         self._widest = max(self._widest, view.num_rows)
         out = self._call(batch)
         columns = to_columns(out, self.name, view.num_rows, f"model {self.name!r}", batch)

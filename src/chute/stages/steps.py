@@ -27,12 +27,9 @@ class PreprocessStage:
         spec: Preprocess,
         inputs: Sequence[str],
         protected: Sequence[str],
-        shared: Sequence[str] = (),
     ) -> None:
         self.fn: Callable[[Any], Any] = resolve(spec.fn)
         self.inputs = list(inputs)
-        self.shared = frozenset(shared)
-        """Inputs read after the step: a NumPy batch gets them as copies."""
         self.batch_format: BatchFormat = spec.batch_format
         self.protected = set(protected)
         self.clock = StageClock()
@@ -47,7 +44,7 @@ class PreprocessStage:
             return table
         view = table if healthy is None else table.filter(keep_mask(healthy, table.num_rows))
         try:
-            given = to_format(view.select(self.inputs), self.batch_format, self.shared)
+            given = to_format(view.select(self.inputs), self.batch_format)
             out = self.fn(given)
         except (Exception, SystemExit) as exc:  # sys.exit() in user code: it raised
             raise ModelError(

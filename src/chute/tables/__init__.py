@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from chute.errors import ConfigError, DataError
 from chute.job import Sink
-from chute.storage import StorageOptions
+from chute.storage import META_DIR, StorageOptions
 
 TableFormat = Literal["iceberg", "delta", "lance"]
 TABLE_FORMATS: dict[str, str] = {
@@ -43,8 +43,6 @@ BATCH_KEY = "chute.batch"
 """In a table commit's metadata: the commit batch's token, as chute's ledger names it."""
 UNITS_KEY = "chute.units"
 """In a table commit's metadata: the indexes of the units it holds (``0-7,9``)."""
-META_DIR = "_chute"
-"""chute's folder in a table's location: the claim (``owners/``) and one folder per job."""
 JOBS_DIR = "jobs"
 """``_chute/jobs/<job>/``: a job's ledger, report and quarantined rows."""
 DATA_DIR = "data"

@@ -247,7 +247,7 @@ class RayEngine:
             # Unset copies: no limit, so Ray fuses the step into the read tasks.
             limit = {} if pre.copies is None else {"concurrency": pre.copies}
             dataset = dataset.map_batches(
-                PreprocessTask(spec, list(pre.inputs), list(pre.protected), fn, pre.shared),
+                PreprocessTask(spec, list(pre.inputs), list(pre.protected), fn),
                 batch_size=None,
                 batch_format="pyarrow",
                 num_cpus=reads if pre.copies is None else pre.cpus_each,
@@ -310,7 +310,6 @@ class RayEngine:
             "output": output,
             "rows": stage.batch_rows,
             "threads": res.threads,
-            "shared": list(stage.shared),
         }
         # Whole blocks, cut into batches by the actor: given a batch size, Ray Data holds a
         # unit's last block until blocks of other units fill a batch (a unit then commits

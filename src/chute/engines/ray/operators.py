@@ -274,16 +274,14 @@ class PreprocessTask:
         inputs: list[str],
         carryover: list[str],
         fn: Any = None,
-        shared: Sequence[str] = (),
     ) -> None:
         self.spec, self.inputs, self.carryover, self.fn = spec, inputs, carryover, fn
-        self.shared = list(shared)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         check_runs(lambda: _units_of(table))
         if self.fn is not None:  # once per task: the instance is unpickled with it
             self.spec, self.fn = replace(self.spec, fn=shipped(self.fn, "the preprocess fn")), None
-        stage = PreprocessStage(self.spec, self.inputs, self.carryover, self.shared)
+        stage = PreprocessStage(self.spec, self.inputs, self.carryover)
         return carried.carry(stage(table), "preprocess", stage.clock.busy)
 
 
@@ -324,7 +322,6 @@ class ModelActor:
         output: Output | None,
         rows: int,
         threads: int = 1,
-        shared: Sequence[str] = (),
     ) -> None:
         import ray
 
@@ -350,7 +347,6 @@ class ModelActor:
                 ctor=ctor,
                 threads=threads,
                 rows=rows,
-                shared=shared,
             )
             limit_threads(threads)  # torch, if the model loaded it (or it came unpickled)
         except ChuteError as exc:
