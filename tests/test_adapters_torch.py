@@ -252,6 +252,44 @@ def test_weights_that_do_not_fit_the_module(mlp: Any, rows: pa.Table, tmp_path: 
         run(rows, "local", **options)
 
 
+def test_a_checkpoint_none_of_whose_keys_fit_is_refused_even_when_not_strict(
+    mlp: Any, rows: pa.Table, tmp_path: Path
+) -> None:
+    """A DataParallel checkpoint (keys ``module.net.0.weight``) with ``strict: false``
+    loaded nothing: the class's random weights ran, exit 0."""
+    path = tmp_path / "ddp.pt"
+    torch.save({f"module.{k}": v for k, v in mlp.state_dict().items()}, str(path))
+    options = {"path": str(path), "module": "tests.test_adapters_torch:MLP", "strict": False}
+    with pytest.raises(chute.ModelError, match=r"no weight in .* fits .*strip 'module\.'"):
+        run(rows, "local", **options)
+
+
+class Identity(torch.nn.Module):  # type: ignore[misc]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_an_integer_float32_cannot_hold_is_refused_not_rounded(tmp_path: Path) -> None:
+    """Stacked into the float32 input, the id 16,777,217 reached the model as 16,777,216."""
+    path = save_torchscript(Identity(), tmp_path / "id.ts")
+    model = chute.Model("m", adapter("torch", path=path), inputs=("user_id",))
+    fits = chute.predict(pa.table({"user_id": [1, 2**24]}), model, engine="local")
+    assert np.stack(fits["m_value"]).ravel().tolist() == [1.0, 2.0**24]
+    with pytest.raises(chute.ChuteError, match="'user_id' holds 16,777,217, which the stacked"):
+        chute.predict(pa.table({"user_id": [1, 2**24 + 1]}), model, engine="local")
+
+
+def bfloat16_out(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {"y": torch.from_numpy(batch["x"]).to(torch.bfloat16) * 2}
+
+
+def test_a_bfloat16_tensor_a_function_returns_is_written_as_float32() -> None:
+    """NumPy has no bfloat16: the run stopped blaming the model "on row 0"."""
+    model = chute.Model("m", bfloat16_out, inputs=("x",), batch_format="numpy")
+    frame = chute.predict(pa.table({"x": [0.5, 1.5, 3.0]}), model, engine="local")
+    assert frame["m_y"].dtype == np.float32 and frame["m_y"].tolist() == [1.0, 3.0, 6.0]
+
+
 def test_changed_weights_change_the_fingerprint(mlp: Any, rows: pa.Table, tmp_path: Path) -> None:
     path = save_torchscript(mlp, tmp_path / "m.ts")
     model = chute.Model("mlp", adapter("torch", path=path), inputs=features())

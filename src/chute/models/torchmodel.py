@@ -45,9 +45,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from chute.artifacts import local_path
-from chute.errors import ConfigError, ModelError, did_you_mean
+from chute.errors import ConfigError, DataError, ModelError, did_you_mean
 from chute.models.base import Adapter, ReplicaContext
 from chute.models.common import check_choice, rename
 from chute.models.pickles import trusts_pickle, untrusted_error
@@ -207,12 +208,22 @@ def _from_weights(path: str, options: Mapping[str, Any], model: str) -> Any:
     module = cls(*options.get("args", ()), **dict(options.get("kwargs", {})))
     state = _state_dict(path)
     try:
-        module.load_state_dict(state, strict=bool(options.get("strict", True)))
+        keys = module.load_state_dict(state, strict=bool(options.get("strict", True)))
     except RuntimeError as exc:
         raise ModelError(
             f"model {model!r} (torch): the weights in {path!r} do not fit "
             f"{options['module']}: {exc}"
         ) from exc
+    expected = module.state_dict()
+    if expected and len(keys.missing_keys) == len(expected):  # strict: false, none matched
+        names = ", ".join(list(state)[:3])
+        raise ModelError(
+            f"model {model!r} (torch): no weight in {path!r} fits {options['module']} "
+            f"(its keys: {names}, …; the module's: {', '.join(list(expected)[:3])}, …), so "
+            "every weight would stay as the class made it. Save the state dict of the module "
+            "itself (a DataParallel or Lightning checkpoint prefixes its keys: strip "
+            "'module.' or 'model.')."
+        )
     return module
 
 
@@ -274,8 +285,29 @@ def to_numpy(batch: pa.Table) -> np.ndarray:
         if pa.types.is_fixed_size_list(column.type):
             return nested_array(column)
     return np.column_stack(
-        [np.asarray(c.to_numpy(), dtype=np.float32) for c in batch.columns]
+        [_float32(c, name) for c, name in zip(batch.columns, batch.column_names, strict=True)]
     ).reshape(batch.num_rows, batch.num_columns)
+
+
+FLOAT32_EXACT = 2**24
+"""The largest integer from which float32 holds every integer exactly."""
+
+
+def _float32(column: pa.ChunkedArray, name: str) -> np.ndarray:
+    """A column of the stacked float tensor; an integer float32 would round (an id of
+    16,777,217 read as 16,777,216) is refused naming it: that row's error."""
+    if pa.types.is_integer(column.type) and len(column) > column.null_count:
+        bounds = pc.min_max(column)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if max(abs(low), abs(high)) > FLOAT32_EXACT:
+            value = high if abs(high) >= abs(low) else low
+            raise DataError(
+                f"column {name!r} holds {value:,}, which the stacked float32 input rounds "
+                f"(integers beyond 2**24 are not all exact in float32): give such a column "
+                "as its own tensor input (a fixed-size list keeps its integer type), or "
+                "scale it in a preprocess step."
+            )
+    return np.asarray(column.to_numpy(), dtype=np.float32)
 
 
 def nested_array(column: pa.Array) -> np.ndarray:

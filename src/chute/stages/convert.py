@@ -131,7 +131,7 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
     if isinstance(values, pa.Array):
         return _unviewed(values)
     if hasattr(values, "detach"):  # a torch tensor
-        values = values.detach().cpu().numpy()
+        values = _tensor_numpy(values, name, who)
     if type(values).__name__ in ("Series", "Index") and hasattr(values, "dtype"):
         if isinstance(values.dtype, np.dtype) and values.dtype != object:
             values = values.to_numpy()  # NumPy's own dtypes: as NumPy (a NaN stays a number)
@@ -161,6 +161,18 @@ def _to_arrow(values: Any, name: str, who: str) -> pa.Array:
             return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
         return pa.array(arr)
     except (TypeError, ValueError, pa.ArrowException) as exc:
+        raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
+
+
+def _tensor_numpy(tensor: Any, name: str, who: str) -> np.ndarray:
+    """A torch tensor as NumPy; ``bfloat16``, which NumPy lacks, as the ``float32`` that
+    holds each of its values exactly."""
+    try:
+        tensor = tensor.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.float()
+        return np.asarray(tensor.numpy())
+    except (TypeError, ValueError, RuntimeError) as exc:
         raise ModelError(f"{who}: cannot turn output {name!r} into a column: {exc}") from exc
 
 
