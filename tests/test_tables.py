@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import chute
+from chute.config import load_job
 from chute.lease import Lease
 from chute.tableledger import TableLedger
 from chute.tables import JOB_KEY, UNITS_KEY, Index, Lineage, TableSink, units_of
@@ -1790,3 +1791,29 @@ def test_delta_operation_parameters_are_read_as_spark_writes_them_too() -> None:
     assert not _replaces({"operation": "WRITE", "operationParameters": kept})
     assert not _replaces({"operation": "WRITE", "operationParameters": {"mode": "Append"}})
     assert _replaces({"operation": "CREATE OR REPLACE TABLE", "operationParameters": {}})
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_a_ray_job_run_from_its_folder_writes_an_iceberg_table(
+    ray_session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job file with its model file beside it (its folder is shipped to Ray's workers)
+    and an Iceberg table, run from that folder: a traceback ("no path specified"), exit 1,
+    because the table has no path of its own to leave out of what is shipped."""
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "data" / "a.parquet")
+    (tmp_path / "m.py").write_text("def f(batch):\n    return {'n': batch.column('id')}\n")
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db"}
+    catalog["warehouse"] = f"file://{tmp_path}/warehouse"
+    spec = {
+        "input": "data/", "carryover": ["id"], "engine": "ray",
+        "models": [{"name": "m", "fn": "m.py:f", "inputs": ["id"]}],
+        "output": {"format": "iceberg", "table": "db.preds", "catalog": catalog},
+    }  # fmt: skip
+    (tmp_path / "job.yaml").write_text(json.dumps(spec))  # JSON is YAML
+    monkeypatch.chdir(tmp_path)
+    report = load_job("job.yaml").run(progress=False)
+    assert report.complete
+    rows = read_table(TableSink(format="iceberg", table="db.preds", catalog=catalog))
+    assert sorted(zip(rows["id"], rows["m_n"], strict=True)) == [(1, 1), (2, 2), (3, 3)]

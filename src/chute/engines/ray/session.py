@@ -109,6 +109,7 @@ def job_runtime_env(plan: Plan) -> dict[str, Any]:
         return env
     paths = [plan.job.output.path] if plan.job.output is not None else []
     paths += list(getattr(plan.source, "paths", []))
+    paths = [p for p in paths if p]  # a catalog's table has no path of its own
     inside = [os.path.relpath(p, root) for p in paths if "://" not in p and _under(p, root)]
     env["excludes"] = [*env.get("excludes", []), *SHIP_EXCLUDES, *(f"/{p}" for p in inside)]
     return env
