@@ -270,6 +270,17 @@ def test_json_lines_nested_values_of_one_kind_are_read_as_the_first_files(tmp_pa
     assert got.column("s").to_pylist() == [{"a": 1, "b": "u"}, {"a": 2, "b": "v"}]
 
 
+def test_json_lines_lists_that_start_with_a_null_are_read(tmp_path: Path) -> None:
+    """Arrow's reader made an invalid array of ``[null, "v"]``: the file was "not UTF-8"
+    (exit 3), and left out, its rows missing, under on_bad_input: skip."""
+    data = tmp_path / "data"
+    _write(data / "a.jsonl", '{"id": 1, "tags": ["u"], "n": [3]}\n')
+    _write(data / "b.jsonl", '{"id": 2, "tags": [null, "v"], "n": [null, 10]}\n')
+    got = _run(chute.FileSource(str(data)), tmp_path)
+    assert got.column("tags").to_pylist() == [["u"], [None, "v"]]
+    assert got.column("n").to_pylist() == [[3], [None, 10]]
+
+
 @pytest.mark.parametrize(
     ("first", "later", "types"),
     [

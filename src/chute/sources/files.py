@@ -689,6 +689,14 @@ def _holds_text(t: pa.DataType) -> bool:
     return _text(t) or any(_holds_text(t.field(i).type) for i in range(t.num_fields))
 
 
+def _valid(column: pa.ChunkedArray) -> bool:
+    try:
+        column.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def _check_utf8(table: pa.Table, path: str) -> None:
     """JSON Lines text that is not UTF-8: Arrow's JSON reader keeps its bytes as they are
     (its CSV reader refuses them), and the Parquet written from them cannot be read back.
@@ -1360,8 +1368,16 @@ class FileSource:
             for f in table.schema
             if f.name not in pinned and (texted := _texted(f.type)) is not None
         }
-        if again or timed:  # the columns in the file's order (Arrow puts explicit ones first)
-            table = parse({**declared, **again, **timed}).select(table.column_names)
+        # Arrow's JSON reader builds an invalid list where one starts with a null ([null,
+        # "v"]: offsets past its values; the text was then "not UTF-8", the file left out
+        # under skip): such columns are read again, given the type it inferred.
+        broken = {
+            f.name: f.type
+            for f, column in zip(table.schema, table.columns, strict=True)
+            if pa.types.is_nested(f.type) and not _valid(column)
+        }
+        if again or timed or broken:  # in the file's order (Arrow puts explicit ones first)
+            table = parse({**declared, **again, **timed, **broken}).select(table.column_names)
         for name in timed:
             i = table.schema.get_field_index(name)
             column = table.column(i)
