@@ -378,6 +378,41 @@ def test_a_lost_claim_stops_commits_and_deletions(tmp_path: Path) -> None:
     lease.release()
 
 
+class TakenOver:
+    """A model whose run is taken over while it computes: after its first call, another
+    run (judging this one dead: a frozen VM) removes this run's claim."""
+
+    def __init__(self, out: str) -> None:
+        self.owners, self.calls = Path(out) / META_DIR / "owners", 0
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        if self.calls == 2:
+            for claim in self.owners.glob("*.json"):
+                claim.unlink()
+        return {"score": batch["x"] * 2.0}
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_lost_its_claim_puts_no_more_files_in_the_output(
+    data: Path, tmp_path: Path
+) -> None:
+    """The displaced run's writer put the part it held into the output the other run had
+    finished, beside its _SUCCESS: those rows twice for every reader of the folder."""
+    out = tmp_path / "out"
+    model = chute.Model(
+        "m", TakenOver(str(out)), inputs=("x",), batch_format="numpy", batch_size=1_000
+    )
+    job = chute.Job(
+        source=chute.FileSource(str(data)), models=(model,), carryover=("id",),
+        output=chute.Sink(str(out), file_rows=ROWS_PER_UNIT), engine="local",
+    )  # fmt: skip
+    with pytest.raises(JobStateError, match="lost its claim"):
+        job.run(progress=False)
+    written = [pq.read_table(p) for p in out.glob("part-*")]
+    assert sum(t.num_rows for t in written) <= ROWS_PER_UNIT  # the first call's, at most
+
+
 # --------------------------------------------------------------------------- 2. verify
 
 

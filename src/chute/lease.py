@@ -102,6 +102,29 @@ class Claim:
         return self.pid_started is None or _started(self.pid) in (None, self.pid_started)
 
 
+@dataclass(frozen=True)
+class Fence:
+    """A run's claim, as the writers of its parts check it (shipped to Ray's workers): a
+    part is put in place only while the claim is still the run's. A driver paused past its
+    time to live (a frozen VM) whose output another run took over and finished would
+    otherwise put the part its writer held into that finished output, beside ``_SUCCESS``,
+    its rows there twice."""
+
+    claim: Claim
+    relative: str
+    """The claim's file, relative to the output location."""
+
+    def check(self, fs: pafs.FileSystem, root: str) -> None:
+        """Raise unless the claim at ``root`` is still this run's."""
+        data = retrying(lambda: read(fs, f"{root}/{self.relative}"), "reading the claim")
+        if not data or Claim.parse(data) != self.claim:
+            raise JobStateError(
+                "this run lost its claim on the output (another run, judging it dead, took "
+                "the output over): it puts no more files there. Run it again once the "
+                "other run has finished."
+            )
+
+
 class Lease:
     """This run's claim on an output location; a context manager that releases it."""
 
@@ -180,6 +203,11 @@ class Lease:
         if other.here():
             return not other.alive_here()
         return _older(info, now, other.ttl)
+
+    def fence(self) -> Fence:
+        """The claim as writers check it (its file relative to the output location, the
+        folder of ``_chute/``)."""
+        return Fence(self.claim, self.path[len(self.folder.rsplit("/", 2)[0]) + 1 :])
 
     def ensure(self) -> None:
         """Raise if this run lost its claim (another run judged it dead and took over), or

@@ -28,6 +28,7 @@ from chute.evaluation import Evaluation
 from chute.formats import csv_error, csv_holds
 from chute.job import BatchFormat, JobSpec, Model, Preprocess, Sink
 from chute.job.values import show_bytes
+from chute.lease import Fence
 from chute.metrics import Metric, Sliced
 from chute.metrics.base import check_column_kind
 from chute.models import AdapterSpec
@@ -109,6 +110,8 @@ class Plan:
     pending: list[Unit] = field(default_factory=list)
     source_columns: list[str] = field(default_factory=list)
     """The input's columns: written only when carried over, never as model outputs."""
+    fence: Fence | None = None
+    """The run's claim on a file output, which its writers check (set once claimed)."""
 
     @property
     def source(self) -> Source:
@@ -132,6 +135,7 @@ class Plan:
             tuple(m.name for m in self.job.models),
             tuple(self.source_columns),
             self.evaluation,
+            self.fence,
         )
 
     @property

@@ -69,6 +69,8 @@ def run_job(
     assert plan.job.output is not None
     with Ledger.claim(plan.job.output.path, plan.job.output.storage) as lease:
         ledger = _open_ledger(run, description, lease, overwrite, table)
+        if table is None:  # a table's readers see only the files it commits
+            plan.fence = lease.fence()
         return _execute(run, engine, ledger, progress, console)
 
 

@@ -18,7 +18,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -72,8 +72,17 @@ class DataFile:
     it, so a coalescer can decide under its own lock and append under :attr:`lock`.
     """
 
-    def __init__(self, fs: pafs.FileSystem, root: str, name: str, fmt: str) -> None:
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        name: str,
+        fmt: str,
+        fenced: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name = name
+        self._fenced = fenced
+        """Raises if the run no longer holds the output: called before the file is put."""
         self.lock = threading.Lock()
         """Held while appending or closing: a file takes one writer at a time, in order."""
         self.rows = 0
@@ -132,6 +141,7 @@ class DataFile:
             if self._encoder is not None:
                 self._encoder.close()
             size = int(self._out.tell())
+            self._fenced()
             if self._tmp:
                 self._out.close()
                 settle(self._tmp, self._path)  # on the disk before its ledger line

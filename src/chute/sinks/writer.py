@@ -17,6 +17,7 @@ import pyarrow.fs as pafs
 from chute.errors import ConfigError, DataError
 from chute.evaluation import Evaluation
 from chute.job import FileTarget, Sink
+from chute.lease import Fence
 from chute.retry import retrying
 from chute.sinks.datafile import DataFile
 from chute.sinks.files import (
@@ -64,6 +65,8 @@ class Output:
     """Input columns: one named like a model output (``tip_amount``) is not one."""
     evaluation: Evaluation = field(default_factory=lambda: Evaluation({}))
     """The metrics writers compute over the rows they write."""
+    fence: Fence | None = None
+    """The run's claim on a file output: checked before each file is put in place."""
 
     def columns(self, available: pa.Schema | Sequence[str]) -> list[str]:
         """Carryover columns, then each model's outputs in model order: the columns its
@@ -159,7 +162,13 @@ class PartWriter:
         """A data file of the sink, named after the first run it will hold."""
         assert self.sink is not None
         fs, root = self._filesystem()
-        return DataFile(fs, root, self._name(unit, start, self.sink.format), self.sink.format)
+        name = self._name(unit, start, self.sink.format)
+        return DataFile(fs, root, name, self.sink.format, self._fenced)
+
+    def _fenced(self) -> None:
+        """Raise if the run no longer holds the output (:class:`~chute.lease.Fence`)."""
+        if self.output.fence is not None:
+            self.output.fence.check(*self._filesystem())
 
     def _write_files(
         self, records: list[PartRecord], rows: list[pa.Table | None]
@@ -308,6 +317,7 @@ class PartWriter:
             )
         else:
             payload = encode(table, fmt)
+        self._fenced()
         size = retrying(lambda: put(fs, f"{root}/{relative}", payload), f"writing {relative}")
         return relative, size
 
