@@ -192,6 +192,41 @@ def test_a_program_exported_in_training_mode_is_refused(rows: pa.Table, tmp_path
         run(rows, "local", path=path)
 
 
+class Noisy(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.drop = torch.nn.Linear(FEATURES, 3), torch.nn.Dropout(0.5)
+        self.norm, self.act = torch.nn.BatchNorm1d(3), torch.nn.RReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.drop(self.linear(x))))
+
+
+@pytest.mark.parametrize("form", ["traced", "decomposed"])
+def test_a_model_traced_or_decomposed_in_training_mode_is_refused(
+    form: str, rows: pa.Table, tmp_path: Path
+) -> None:
+    """Tracing writes dropout's flag into the graph, and a decomposed program names its
+    operators otherwise (native_dropout): both ran in training mode, each run's values
+    other than the last's, exit 0. Traced after eval(), it runs as the module does."""
+    torch.manual_seed(0)
+    net, example = Noisy(), torch.zeros(8, FEATURES)
+    path = str(tmp_path / "m")
+    if form == "traced":
+        torch.jit.trace(net, example, check_trace=False).save(path)
+    else:
+        batch = {0: torch.export.Dim("batch")}
+        program = torch.export.export(net, (example,), dynamic_shapes=(batch,))
+        torch.export.save(program.run_decompositions(), path)
+    with pytest.raises(chute.ModelError, match=f"was {form.replace('decomposed', 'exported')} "
+                       "in training mode .*again after model.eval"):  # fmt: skip
+        run(rows, "local", path=path)
+    if form == "traced":
+        torch.jit.trace(net.eval(), example).save(path)
+        frame = run(rows, "local", path=path)
+        assert np.allclose(matrix(frame, "mlp_output"), direct(net, rows), atol=1e-5)
+
+
 def test_regression_output_is_value(rows: pa.Table, tmp_path: Path) -> None:
     torch.manual_seed(2)
     regressor = MLP(width=8, classes=1).eval()

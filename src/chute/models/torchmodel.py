@@ -160,24 +160,54 @@ class TorchAdapter(Adapter):
         return found
 
 
-_TRAINING_FLAG = {"dropout": 2, "feature_dropout": 2, "alpha_dropout": 2, "batch_norm": 5}
-"""Operators whose argument at this place says they run as in training (an exported
-program keeps it: ``eval()`` cannot change it once exported)."""
+_TRAINING_ARGS = ("train", "training")
+"""The names operators give the argument that makes them run as in training (dropout,
+batch norm, RReLU, in every form: ``native_dropout``, ``_native_batch_norm_legit``…)."""
 
 
 def _check_inference(program: Any, path: str, model: str) -> None:
     """Refuse a program exported in training mode: its dropout drops values at random and
-    its batch norm normalizes by each batch, so a row's output would depend on the batch."""
+    its batch norm normalizes by each batch, so a row's output would depend on the batch
+    (an exported program keeps the flag: ``eval()`` cannot change it)."""
     for node in program.graph.nodes:
-        name = getattr(getattr(node, "target", None), "__name__", "").split(".")[0]
-        place = _TRAINING_FLAG.get(name)
-        flags = node.args[place:] if place is not None else ()
-        if node.op == "call_function" and flags and flags[0] is True:
-            raise ModelError(
-                f"model {model!r}: {path!r} was exported in training mode (its {name} "
-                "runs as in training, so each row's output would depend on its batch "
-                "and on chance). Export it again after model.eval()."
-            )
+        schema = getattr(getattr(node, "target", None), "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for place, argument in enumerate(schema.arguments):
+            if argument.name not in _TRAINING_ARGS:
+                continue
+            given = node.args[place] if place < len(node.args) else node.kwargs.get(argument.name)
+            if given is True:
+                raise _trained(path, model, schema.name, "exported")
+
+
+def _check_traced(module: Any, path: str, model: str) -> None:
+    """Refuse TorchScript whose dropout or batch norm was traced in training mode: tracing
+    writes the flag into the graph as a constant, which ``eval()`` cannot change (a
+    scripted module reads ``self.training``, which it can)."""
+    graph = getattr(module, "inlined_graph", None)
+    for node in graph.nodes() if graph is not None else ():
+        try:
+            import torch
+
+            schema = torch._C.parse_schema(node.schema())
+        except (RuntimeError, ValueError):  # no schema: not an operator call
+            continue
+        inputs = list(node.inputs())
+        for place, argument in enumerate(schema.arguments):
+            if argument.name not in _TRAINING_ARGS or place >= len(inputs):
+                continue
+            flag = inputs[place]
+            if flag.node().kind() == "prim::Constant" and flag.toIValue() is True:
+                raise _trained(path, model, schema.name, "traced")
+
+
+def _trained(path: str, model: str, operator: str, how: str) -> ModelError:
+    return ModelError(
+        f"model {model!r}: {path!r} was {how} in training mode (its {operator} runs as in "
+        "training, so each row's output would depend on its batch and on chance). "
+        f"{'Trace' if how == 'traced' else 'Export'} it again after model.eval()."
+    )
 
 
 def load_module(options: Mapping[str, Any], model: str) -> Any:
@@ -198,7 +228,9 @@ def load_module(options: Mapping[str, Any], model: str) -> Any:
 
         with warnings.catch_warnings():  # deprecated in favour of torch.export, still served
             warnings.simplefilter("ignore", DeprecationWarning)
-            return torch.jit.load(path, map_location="cpu")  # type: ignore[no-untyped-call]
+            scripted = torch.jit.load(path, map_location="cpu")  # type: ignore[no-untyped-call]
+        _check_traced(scripted, path, model)
+        return scripted
     return _pickled(path, options, model)
 
 
