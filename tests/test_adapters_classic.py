@@ -942,6 +942,25 @@ def test_keras_dict_inputs_and_integer_ids_as_the_model_takes_them(tmp_path: Pat
     assert len(two) == len(values) and two["m_value"].notna().all()
 
 
+def test_a_keras_bool_input_takes_booleans_and_refuses_other_numbers(tmp_path: Path) -> None:
+    """A bool input made 0.3, NaN and a null True: the model ran on them, exit 0."""
+    from chute.models.keras import import_keras
+
+    keras = import_keras()
+    flag = keras.Input((1,), dtype="bool", name="flag")
+    ones = keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
+    keras.Model(flag, ones(keras.ops.cast(flag, "float32"))).save(tmp_path / "b.keras")
+    model = Model("m", adapter("keras", path=str(tmp_path / "b.keras")), inputs=["flag"])
+    fine = pa.table({"flag": [True, False], "n": [0.0, 1.0]})
+    assert chute.predict(fine, model, engine="local")["m_value"].tolist() == [1.0, 0.0]
+    as_numbers = Model("m", model.fn, inputs=["n"])
+    assert chute.predict(fine, as_numbers, engine="local")["m_value"].tolist() == [0.0, 1.0]
+    for value in (0.3, None, float("nan")):
+        bad = pa.table({"n": pa.array([1.0, value], pa.float64())})
+        with pytest.raises(chute.ChuteError, match=r"column 'n' holds .* the model takes booleans"):
+            chute.predict(bad, as_numbers, engine="local")
+
+
 # --- job files, validation, fingerprints --------------------------------------------------------
 
 

@@ -168,6 +168,8 @@ def feature_matrix(batch: pa.Table, dtype: Any = None) -> np.ndarray:
             _integers(b, np.dtype(dtype), n)
             for b, n in zip(blocks, batch.column_names, strict=True)
         ]
+    if dtype is not None and np.dtype(dtype).kind == "b":
+        blocks = [_booleans(b, n) for b, n in zip(blocks, batch.column_names, strict=True)]
     if dtype is not None and np.dtype(dtype).kind in "fc":
         blocks = [
             _numbers(b, np.dtype(dtype), n) for b, n in zip(blocks, batch.column_names, strict=True)
@@ -217,6 +219,23 @@ def _integers(block: np.ndarray, dtype: np.dtype[Any], name: str) -> np.ndarray:
         f"model takes {dtype} integers: a null, NaN, fraction or out-of-range value is no "
         "such integer. Fill or round it in a preprocess step, or give the model a "
         "floating-point input."
+    )
+
+
+def _booleans(block: np.ndarray, name: str) -> np.ndarray:
+    """``block`` as the booleans a model's input takes: a bool column as it is, numbers
+    only where each is 0 or 1 (a cast made 0.3, NaN and a null True)."""
+    if block.dtype.kind == "b":
+        return block
+    with np.errstate(invalid="ignore"):
+        same = (block == 0) | (block == 1)
+    if np.all(same):
+        return block.astype(bool)
+    row = int(np.flatnonzero(~np.asarray(same).reshape(len(block), -1).all(axis=1))[0])
+    raise DataError(
+        f"column {name!r} holds {block[row].tolist()!r} at row {row} of the batch, where the "
+        "model takes booleans: only true/false, or 0 and 1, are such a value (a null, NaN or "
+        "other number is not). Fill or map it in a preprocess step."
     )
 
 
