@@ -227,6 +227,27 @@ def test_a_model_traced_or_decomposed_in_training_mode_is_refused(
         assert np.allclose(matrix(frame, "mlp_output"), direct(net, rows), atol=1e-5)
 
 
+class Recurrent(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.drop = torch.nn.LSTM(FEATURES, 3, batch_first=True), torch.nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.rnn(x.unsqueeze(1))[0][:, 0, :])
+
+
+def test_a_module_traced_in_training_mode_whose_training_changes_nothing_runs(
+    rows: pa.Table, tmp_path: Path
+) -> None:
+    """An LSTM (dropout 0, its default) and a Dropout(0.0), traced without eval(): the
+    same values in training mode, so nothing to refuse."""
+    torch.manual_seed(0)
+    net, path = Recurrent(), str(tmp_path / "rnn.ts")
+    torch.jit.trace(net, torch.zeros(8, FEATURES)).save(path)
+    frame = run(rows, "local", path=path)
+    assert np.allclose(matrix(frame, "mlp_output"), direct(net.eval(), rows), atol=1e-5)
+
+
 def test_regression_output_is_value(rows: pa.Table, tmp_path: Path) -> None:
     torch.manual_seed(2)
     regressor = MLP(width=8, classes=1).eval()

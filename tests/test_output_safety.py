@@ -5,6 +5,7 @@ of ending it with exit 0 and rows missing."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -360,6 +361,28 @@ def test_an_output_inside_another_jobs_output_is_refused(project: Path) -> None:
         assert "is inside the output of another chute job" in out and "/out'" in out, out
     assert files(project / "out") == before
     assert pq.read_table(project / "out").num_rows == 30
+
+
+def openai_lines(batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    return {"line": [
+        json.dumps({"id": "x", "custom_id": str(c), "response": {"status_code": 200}})
+        for c in batch["id"]
+    ]}  # fmt: skip
+
+
+def test_an_openai_batch_output_inside_another_jobs_output_is_refused(project: Path) -> None:
+    """The check above was skipped for the OpenAI Batch format: its folder was left inside
+    the finished output."""
+    assert invoke("run", str(job(project, "out")), "-q")[0] == 0
+    nested = chute.Job(
+        source=chute.FileSource(str(project / "data")),
+        models=(chute.Model("m", openai_lines, inputs=("id",), batch_format="numpy"),),
+        output=chute.Sink(str(project / "out" / "batch"), "openai-batch"),
+        engine="local",
+    )
+    with pytest.raises(chute.ChuteError, match="is inside the output of another chute job"):
+        nested.run(progress=False)
+    assert not (project / "out" / "batch").exists()
 
 
 def test_entries_another_writer_adds_during_a_run_are_never_marked_finished(

@@ -163,15 +163,17 @@ def check_output(
     """The output location can take this run: a writable directory (or none yet), that no
     live run owns and that holds no other job's results (unless ``overwrite``)."""
     sink = job.output
-    if sink is None or sink.format not in FILE_FORMATS:
+    if sink is None or (isinstance(sink, TableSink) and sink.format not in FILE_FORMATS):
         return ""  # none, or a table: its location is resolved (and claimed) by the runner
     if isinstance(sink, TableSink):  # a table's location holds its own files
         return f"output {sink.name}: its claim and schema are checked when it is opened"
     where = redact(sink.path)
     check(sink.path, sink.storage, "output")
     fs, root = output_filesystem(sink.path, sink.storage)
-    _check_apart(job, fs, root, EXTENSIONS[sink.format])
     _check_not_inside(fs, root, where)
+    if sink.format not in FILE_FORMATS:  # an OpenAI Batch folder: checked when opened
+        return ""
+    _check_apart(job, fs, root, EXTENSIONS[sink.format])
     kind = fs.get_file_info(root).type
     if kind == pafs.FileType.File:
         raise JobStateError(
@@ -205,12 +207,13 @@ def _check_not_inside(fs: pafs.FileSystem, root: str, where: str) -> None:
         path = path.rsplit("/", 1)[0] or "/"
         parents.append(path)
     metas = [f"{parent.rstrip('/')}/{META_DIR}" for parent in parents]
+    scheme = where[: where.index("://") + 3] if "://" in where else ""
     for parent, info in zip(parents, fs.get_file_info(metas), strict=True):
         if info.type == pafs.FileType.Directory:
             raise JobStateError(
                 f"output {where!r} is inside the output of another chute job "
-                f"({redact(parent)!r}, whose {META_DIR}/ is there): a reader of that folder "
-                "reads the folders in it too, and would count this job's rows as its own. "
+                f"({redact(scheme + parent)!r}, whose {META_DIR}/ is there): a reader of that "
+                "folder reads the folders in it too, and would count this job's rows as its own. "
                 "Choose an output location outside it."
             )
 

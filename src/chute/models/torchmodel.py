@@ -163,6 +163,17 @@ class TorchAdapter(Adapter):
 _TRAINING_ARGS = ("train", "training")
 """The names operators give the argument that makes them run as in training (dropout,
 batch norm, RReLU, in every form: ``native_dropout``, ``_native_batch_norm_legit``…)."""
+_RATES = ("p", "dropout")
+"""The names of a dropout's rate (an LSTM's ``dropout``): at 0, training drops nothing."""
+
+
+def _runs_as_training(given: Mapping[str, Any]) -> bool:
+    """Whether an operator call, by the values of its arguments (``None``: not known until
+    it runs), runs as in training and so depends on chance or on its batch."""
+    if not any(given.get(name) is True for name in _TRAINING_ARGS):
+        return False
+    rate = next((given[name] for name in _RATES if name in given), None)
+    return not (isinstance(rate, int | float) and rate == 0)
 
 
 def _check_inference(program: Any, path: str, model: str) -> None:
@@ -173,12 +184,12 @@ def _check_inference(program: Any, path: str, model: str) -> None:
         schema = getattr(getattr(node, "target", None), "_schema", None)
         if node.op != "call_function" or schema is None:
             continue
-        for place, argument in enumerate(schema.arguments):
-            if argument.name not in _TRAINING_ARGS:
-                continue
-            given = node.args[place] if place < len(node.args) else node.kwargs.get(argument.name)
-            if given is True:
-                raise _trained(path, model, schema.name, "exported")
+        given = {
+            a.name: node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+            for i, a in enumerate(schema.arguments)
+        }
+        if _runs_as_training(given):
+            raise _trained(path, model, schema.name, "exported")
 
 
 def _check_traced(module: Any, path: str, model: str) -> None:
@@ -194,12 +205,12 @@ def _check_traced(module: Any, path: str, model: str) -> None:
         except (RuntimeError, ValueError):  # no schema: not an operator call
             continue
         inputs = list(node.inputs())
-        for place, argument in enumerate(schema.arguments):
-            if argument.name not in _TRAINING_ARGS or place >= len(inputs):
-                continue
-            flag = inputs[place]
-            if flag.node().kind() == "prim::Constant" and flag.toIValue() is True:
-                raise _trained(path, model, schema.name, "traced")
+        given = {
+            a.name: value.toIValue() if value.node().kind() == "prim::Constant" else None
+            for a, value in zip(schema.arguments, inputs, strict=False)
+        }
+        if _runs_as_training(given):
+            raise _trained(path, model, schema.name, "traced")
 
 
 def _trained(path: str, model: str, operator: str, how: str) -> ModelError:
