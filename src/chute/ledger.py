@@ -101,11 +101,11 @@ def foreign_files(fs: pafs.FileSystem, root: str, claimed: bool) -> list[str]:
     """The entries of the output directory ``root`` that chute did not write, sorted; a
     hidden one (``.DS_Store``, ``.git``) is neither chute's nor in the way: left alone."""
     infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    return sorted(
-        i.base_name
-        for i in infos
-        if not written_by_chute(i.base_name, claimed) and not i.base_name.startswith(".")
-    )
+    return _foreign([i.base_name for i in infos], claimed)
+
+
+def _foreign(names: list[str], claimed: bool) -> list[str]:
+    return sorted(n for n in names if not written_by_chute(n, claimed) and not n.startswith("."))
 
 
 def foreign_error(where: str, names: list[str], chute_was_here: bool) -> str:
@@ -173,6 +173,8 @@ class Ledger:
         commit (:meth:`_replace`), so that a run that fails before it leaves them."""
         self._job: dict[str, Any] = {}
         """This run's ``job.json``, written by :meth:`_claim` or at the first commit."""
+        self.strangers: list[str] = []
+        """The top level's entries chute did not write, as :meth:`reconcile` last listed."""
 
     @classmethod
     def open(
@@ -523,8 +525,11 @@ class Ledger:
         return sorted(broken)
 
     def _files(self) -> dict[str, int | None]:
-        """Every file of the location's top level and errors folder, with its size."""
-        infos = self._list(self.root) + self._list(f"{self.root}/{ERRORS_DIR}")
+        """Every file of the location's top level and errors folder, with its size; the
+        top level's entries chute did not write are kept (:attr:`strangers`)."""
+        top = self._list(self.root)
+        self.strangers = _foreign([i.base_name for i in top], claimed=True)
+        infos = top + self._list(f"{self.root}/{ERRORS_DIR}")
         return {i.path: i.size for i in infos if i.is_file}
 
     def _intact(self, entry: dict[str, Any], sizes: dict[str, int | None]) -> bool:

@@ -32,7 +32,7 @@ from chute.lease import live_claims
 from chute.ledger import Ledger, foreign_error, foreign_files
 from chute.plan import Plan
 from chute.sinks import EXTENSIONS, output_filesystem
-from chute.storage import META_DIR, check, redact
+from chute.storage import META_DIR, as_given, check, redact
 from chute.tables import TableSink
 from chute.usercode import check_callable, import_string
 
@@ -206,18 +206,18 @@ def _check_not_inside(fs: pafs.FileSystem, root: str, where: str) -> None:
     while "/" in path.strip("/"):
         path = path.rsplit("/", 1)[0] or "/"
         parents.append(path)
-    scheme = where[: where.index("://") + 3] if "://" in where else ""
     for parent in parents:
         try:
             kind = fs.get_file_info(f"{parent.rstrip('/')}/{META_DIR}").type
         except OSError:  # a folder this user may not look in (a key policy for one prefix)
             continue
         if kind == pafs.FileType.Directory:
+            other = redact(as_given(where, parent))
             raise JobStateError(
-                f"output {where!r} is inside the output of another chute job "
-                f"({redact(scheme + parent)!r}, whose {META_DIR}/ is there): a reader of that "
-                "folder reads the folders in it too, and would count this job's rows as its own. "
-                "Choose an output location outside it."
+                f"output {where!r} is inside the output of another chute job ({other!r}, "
+                f"whose {META_DIR}/ is there): a reader of that folder reads the folders in it "
+                "too, and would count this job's rows as its own. Choose an output location "
+                "outside it."
             )
 
 

@@ -112,6 +112,13 @@ def scheme_of(path: str) -> str:
     return head.lower()
 
 
+def as_given(given: str, path: str) -> str:
+    """A filesystem's ``path`` (``b/k``) written as the location ``given`` was: with its
+    scheme (``s3://b/k``), for messages."""
+    scheme = scheme_of(given)
+    return f"{scheme}://{path}" if scheme else path
+
+
 def is_remote(path: str) -> bool:
     return scheme_of(path) not in ("", "file", "local")
 

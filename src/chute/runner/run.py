@@ -17,7 +17,7 @@ from chute.engines import Engine, EngineOptions
 from chute.errors import ChuteError, JobStateError, ModelError, translate
 from chute.job import JobSpec, fingerprint_of
 from chute.lease import Lease
-from chute.ledger import Ledger, foreign_files
+from chute.ledger import Ledger
 from chute.plan import Plan, build_plan
 from chute.preflight import check_job, check_memory
 from chute.report import ProgressBar, Report
@@ -209,7 +209,7 @@ def _finish(ledger: Ledger, run: Run, report: Report, saw_null: bool = False) ->
         )
     sink = run.plan.job.output
     files = not isinstance(sink, TableSink) and sink is not None  # a table holds its own
-    strangers = foreign_files(ledger.fs, ledger.root, claimed=True) if files else []
+    strangers = ledger.strangers if files else []  # as reconcile listed them
     if strangers:  # written during the run (preflight refused any before it)
         report.complete, report.stopped = False, "files chute did not write appeared"
         _save(ledger, run, report)

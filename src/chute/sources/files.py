@@ -48,6 +48,7 @@ from chute.storage import (
     S3_SCHEMES,
     SUCCESS,
     StorageOptions,
+    as_given,
     check,
     is_local,
     is_remote,
@@ -195,13 +196,13 @@ def _refuse_unfinished(
     marker, done = f"/{META_DIR}/job.json", f"/{SUCCESS}"
     outputs = {i.path[: -len(marker)] for i in infos if i.path.endswith(marker)}
     unfinished = outputs - {i.path[: -len(done)] for i in infos if i.path.endswith(done)}
-    scheme = original[: original.index("://") + 3] if "://" in original else ""
     for output in sorted(unfinished, key=len):
         if any(i.path.startswith(f"{output}/") for i in files):
+            shown = redact(as_given(original, output))
             raise DataError(
                 f"input {redact(original)!r} reads the output of a chute job that has not "
-                f"finished ({redact(scheme + output)!r} has no {SUCCESS}): it holds only the rows "
-                "committed so far. Run this job once that one has finished (`chute status "
+                f"finished ({shown!r} has no {SUCCESS}): it holds only the rows committed so "
+                "far. Run this job once that one has finished (`chute status "
                 "<its output>` tells), or finish it first (run it again: it resumes)."
             )
 
